@@ -1,0 +1,28 @@
+"""specmlx: lossless speculative decoding for on-device LLMs on MLX.
+
+The public API is re-exported here lazily, so that `import specmlx` (and `specmlx --help`)
+does not pay for importing mlx and mlx-lm.
+"""
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "load": "specmlx.api",
+    "generate": "specmlx.api",
+    "stream_generate": "specmlx.api",
+    "GenerationConfig": "specmlx.api",
+    "resolve_model": "specmlx.resolve",
+    "convert_gguf": "specmlx.convert",
+    "SpecmlxError": "specmlx.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'specmlx' has no attribute {name!r}")
