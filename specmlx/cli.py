@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional, TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -83,7 +83,7 @@ def convert(
         str, typer.Option(help="Weight dtype: float32, bfloat16 or float16.")
     ] = "float32",
     quantize: Annotated[
-        Optional[int], typer.Option(help="Quantize linear layers to 4 or 8 bits.")
+        int | None, typer.Option(help="Quantize linear layers to 4 or 8 bits.")
     ] = None,
     group_size: Annotated[int, typer.Option(help="Quantization group size.")] = 64,
     force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,

@@ -1,0 +1,358 @@
+"""The Python API: load a target (and a drafter) once, then generate or stream.
+
+    import specmlx
+    models = specmlx.load("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
+    result = specmlx.generate(models, "def quicksort(xs):", specmlx.GenerationConfig(k=4))
+    print(result.text, result.stats.acceptance_rate)
+
+`stream_generate` yields one `GenerationEvent` per target call, with the new text, the new
+token ids and running statistics. `ChatSession` keeps a conversation and its caches, so each
+turn prefills only what is new.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from specmlx.cache import Sequence
+from specmlx.decode import Step, decode
+from specmlx.drafters.base import Drafter
+from specmlx.errors import SpecmlxError, UsageError
+from specmlx.sampling import SamplingConfig
+
+METHODS = ("none", "draft")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to generate. `method=None` drafts with the draft model when one is loaded."""
+
+    method: str | None = None
+    k: int = 4
+    max_tokens: int = 256
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: int | None = None
+    chat_template: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method is not None and self.method not in METHODS:
+            raise UsageError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.k < 1:
+            raise UsageError(f"k must be at least 1, got {self.k}")
+        if self.max_tokens < 1:
+            raise UsageError(f"max-tokens must be at least 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Running totals of a generation. Times are wall seconds after a sync."""
+
+    prompt_tokens: int = 0
+    tokens: int = 0
+    target_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: tuple[int, ...] = ()
+    accepted_by_position: tuple[int, ...] = ()
+    time_to_first_token: float = 0.0
+    decode_seconds: float = 0.0
+    peak_memory_gb: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_call(self) -> float:
+        return self.tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return self.tokens / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
+    def acceptance_by_position(self) -> tuple[float, ...]:
+        return tuple(
+            a / d if d else 0.0
+            for a, d in zip(self.accepted_by_position, self.drafted_by_position, strict=True)
+        )
+
+    def add(self, step: Step, elapsed: float) -> Stats:
+        """These totals after one more step; `elapsed` is the time since the start."""
+        drafted = _count_positions(self.drafted_by_position, step.n_drafted)
+        accepted = _count_positions(self.accepted_by_position, step.n_accepted)
+        return replace(
+            self,
+            tokens=self.tokens + len(step.tokens),
+            target_calls=self.target_calls + 1,
+            drafted=self.drafted + step.n_drafted,
+            accepted=self.accepted + step.n_accepted,
+            drafted_by_position=drafted,
+            accepted_by_position=accepted,
+            time_to_first_token=self.time_to_first_token or elapsed,
+            decode_seconds=self.decode_seconds + step.seconds,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "tokens": self.tokens,
+            "target_calls": self.target_calls,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_call": self.tokens_per_call,
+            "acceptance_by_position": list(self.acceptance_by_position),
+            "tokens_per_sec": self.tokens_per_sec,
+            "time_to_first_token": self.time_to_first_token,
+            "decode_seconds": self.decode_seconds,
+            "peak_memory_gb": self.peak_memory_gb,
+        }
+
+
+def _count_positions(counts: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Add one to each of the first n positions, growing the tuple as needed."""
+    grown = counts + (0,) * max(0, n - len(counts))
+    return tuple(c + (i < n) for i, c in enumerate(grown))
+
+
+@dataclass(frozen=True)
+class GenerationEvent:
+    """One target call's worth of output."""
+
+    text: str  # new text (a token's bytes may complete in a later event)
+    token_ids: tuple[int, ...]
+    step: Step
+    stats: Stats
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+    finish: str | None
+
+
+@dataclass
+class Models:
+    """A loaded target, its tokenizer, and an optional draft model."""
+
+    target: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    draft: nn.Module | None = None
+    target_path: Path | None = None
+    draft_path: Path | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return _vocab_rows(self.target)
+
+    @property
+    def context_length(self) -> int | None:
+        args = getattr(self.target, "args", None)
+        return getattr(args, "max_position_embeddings", None)
+
+
+def _vocab_rows(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    return int(args.vocab_size)
+
+
+def load(target: str | None = None, draft: str | None = None, *, progress: bool = True) -> Models:
+    """Resolve and load a target and an optional draft model.
+
+    With no target, the registry's default pair is used (its draft too, unless `draft` is
+    given). References are anything `specmlx.resolve_model` takes: a folder, a .gguf file,
+    an alias, a Hugging Face id.
+    """
+    from mlx_lm import load as mlx_load
+
+    from specmlx.resolve import resolve_model
+
+    if target is None:
+        from specmlx.registry import default_pair
+
+        target, default_draft = default_pair()
+        draft = draft or default_draft
+    target_path = resolve_model(target, progress=progress)
+    draft_path = resolve_model(draft, progress=progress) if draft else None
+    target_model, tokenizer = _load_one(mlx_load, target_path)
+    models = Models(target_model, tokenizer, target_path=target_path)
+    if draft_path is not None:
+        draft_model, draft_tokenizer = _load_one(mlx_load, draft_path)
+        check_compatible(tokenizer, draft_tokenizer)
+        models.draft, models.draft_path = draft_model, draft_path
+    return models
+
+
+def _load_one(mlx_load: Any, path: Path) -> tuple[nn.Module, Any]:
+    try:
+        return mlx_load(str(path))
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise SpecmlxError(f"could not load the model in {path}: {exc}") from None
+
+
+def check_compatible(target_tokenizer: Any, draft_tokenizer: Any) -> None:
+    """The draft must speak the target's tokenizer: same ids, same strings, same specials.
+
+    Model vocab sizes may still differ by padding rows; the drafter pads or cuts its logits.
+    """
+    target_vocab = target_tokenizer._tokenizer.get_vocab()
+    draft_vocab = draft_tokenizer._tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        target_by_id = {i: s for s, i in target_vocab.items()}
+        draft_by_id = {i: s for s, i in draft_vocab.items()}
+        for i in range(max(len(target_by_id), len(draft_by_id))):
+            t, d = target_by_id.get(i), draft_by_id.get(i)
+            if t != d:
+                raise SpecmlxError(
+                    f"draft and target tokenizers differ: token id {i} is {t!r} in the "
+                    f"target and {d!r} in the draft"
+                )
+    for name in ("eos_token_id", "bos_token_id"):
+        t, d = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
+        if t != d:
+            raise SpecmlxError(f"draft and target tokenizers differ: {name} is {t} vs {d}")
+
+
+def encode_prompt(
+    models: Models, prompt: str | list[dict[str, str]], chat_template: bool
+) -> list[int]:
+    """Token ids of a prompt: a string, or a list of chat messages."""
+    tokenizer = models.tokenizer
+    if isinstance(prompt, list) or (chat_template and tokenizer.chat_template):
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(prompt)
+    if not ids:
+        raise UsageError("the prompt is empty")
+    limit = models.context_length
+    if limit is not None and len(ids) >= limit:
+        raise UsageError(f"the prompt has {len(ids)} tokens; the target's context holds {limit}")
+    return ids
+
+
+def make_drafter(models: Models, config: GenerationConfig) -> Drafter | None:
+    """The drafter the config asks for, or None for plain decoding."""
+    method = config.method or ("draft" if models.draft is not None else "none")
+    if method == "none":
+        return None
+    if models.draft is None:
+        raise UsageError("--method draft needs a draft model (--draft)")
+    from specmlx.drafters.draft_model import DraftModelDrafter
+
+    return DraftModelDrafter(models.draft, config.sampling, models.vocab_size)
+
+
+def stream_ids(
+    models: Models,
+    target: Sequence,
+    drafter: Drafter | None,
+    prompt_ids: list[int],
+    config: GenerationConfig,
+) -> Iterator[GenerationEvent]:
+    """Stream the continuation of `prompt_ids` through the given target sequence."""
+    if config.seed is not None:
+        mx.random.seed(config.seed)
+    mx.reset_peak_memory()
+    detokenizer = models.tokenizer.detokenizer
+    detokenizer.reset()
+    stop = frozenset(models.tokenizer.eos_token_ids)
+    stats = Stats(prompt_tokens=len(prompt_ids))
+    start = time.perf_counter()
+    for step in decode(
+        target,
+        prompt_ids,
+        drafter,
+        k=config.k,
+        max_tokens=config.max_tokens,
+        sampling=config.sampling,
+        stop_tokens=stop,
+    ):
+        stats = stats.add(step, time.perf_counter() - start)
+        for token in step.tokens:
+            if token not in stop:
+                detokenizer.add_token(token)
+        if step.finish is not None:
+            detokenizer.finalize()
+        yield GenerationEvent(detokenizer.last_segment, step.tokens, step, stats)
+
+
+def stream_generate(
+    models: Models, prompt: str | list[dict[str, str]], config: GenerationConfig | None = None
+) -> Iterator[GenerationEvent]:
+    """Stream the target's continuation of `prompt`, one event per target call."""
+    config = config or GenerationConfig()
+    prompt_ids = encode_prompt(models, prompt, config.chat_template)
+    drafter = make_drafter(models, config)
+    yield from stream_ids(models, Sequence(models.target), drafter, prompt_ids, config)
+
+
+def generate(
+    models: Models, prompt: str | list[dict[str, str]], config: GenerationConfig | None = None
+) -> GenerationResult:
+    """The whole continuation of `prompt` with its statistics."""
+    text, ids, stats, finish = [], [], Stats(), None
+    for event in stream_generate(models, prompt, config):
+        text.append(event.text)
+        ids.extend(event.token_ids)
+        stats, finish = event.stats, event.step.finish
+    return GenerationResult("".join(text), ids, stats, finish)
+
+
+class ChatSession:
+    """A conversation whose caches live across turns: each turn prefills only what is new."""
+
+    def __init__(self, models: Models, config: GenerationConfig):
+        self.models = models
+        self.config = config
+        self.messages: list[dict[str, str]] = []
+        self.target = Sequence(models.target)
+        self.drafter = make_drafter(models, config)
+        self.last_stats: Stats | None = None
+        self.total = Stats()
+
+    def reset(self) -> None:
+        """Forget the conversation (the caches keep what the next turn can reuse)."""
+        self.messages = []
+
+    def send(self, text: str) -> Iterator[GenerationEvent]:
+        """Stream the reply to one user turn; the reply so far is kept if stopped early."""
+        self.messages.append({"role": "user", "content": text})
+        prompt_ids = encode_prompt(self.models, self.messages, True)
+        reply: list[str] = []
+        try:
+            for event in stream_ids(
+                self.models, self.target, self.drafter, prompt_ids, self.config
+            ):
+                reply.append(event.text)
+                self.last_stats = event.stats
+                yield event
+        finally:
+            self.messages.append({"role": "assistant", "content": "".join(reply)})
+            if self.last_stats is not None:
+                self.total = _merge(self.total, self.last_stats)
+
+
+def _merge(total: Stats, turn: Stats) -> Stats:
+    return replace(
+        total,
+        prompt_tokens=total.prompt_tokens + turn.prompt_tokens,
+        tokens=total.tokens + turn.tokens,
+        target_calls=total.target_calls + turn.target_calls,
+        drafted=total.drafted + turn.drafted,
+        accepted=total.accepted + turn.accepted,
+        decode_seconds=total.decode_seconds + turn.decode_seconds,
+        peak_memory_gb=max(total.peak_memory_gb, turn.peak_memory_gb),
+    )

@@ -1,0 +1,164 @@
+"""A model, its cache, and exact rewind for every cache kind.
+
+`Sequence` owns one model's cache and mirrors on the host the tokens the cache holds, so
+the loop can keep a verified prefix and drop the rest after every step, and a chat can keep
+the common prefix of two turns. Rewind is exact for each cache kind:
+
+- KVCache, QuantizedKVCache: trim.
+- RotatingKVCache (sliding-window layers): replaced at creation by `WindowedKVCache`, a
+  plain KVCache that applies the same window through the attention mask. It keeps the
+  whole history, so it can always be trimmed, where a rotating buffer past its window has
+  overwritten what a rewind would need.
+- Anything else that can't be trimmed (ArraysCache of SSM and hybrid models): checkpoint
+  the state before the unverified tokens go in, and on rewind restore it and replay the
+  tokens that were kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_map
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+PREFILL_STEP = 512
+
+
+class WindowedKVCache(KVCache):
+    """A KVCache that attends to a sliding window through its mask, and so can be trimmed.
+
+    Gives the same attention as RotatingKVCache(max_size=window, keep=keep): each query sees
+    the first `keep` tokens and the last `window - keep` ones up to itself.
+    """
+
+    def __init__(self, window: int, keep: int = 0):
+        super().__init__()
+        self.window = window
+        self.keep = keep
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array:
+        window = window_size or (self.window - self.keep)
+        mask = create_causal_mask(N, self.offset, window_size=window)
+        if self.keep:
+            sinks = mx.arange(self.offset + N)[None] < self.keep
+            mask = mask | (sinks & create_causal_mask(N, self.offset))
+        return mask
+
+
+def make_cache(model: nn.Module) -> list[Any]:
+    """The model's own cache, with rotating layers swapped for windowed ones."""
+    return [
+        WindowedKVCache(c.max_size, c.keep) if isinstance(c, RotatingKVCache) else c
+        for c in make_prompt_cache(model)
+    ]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class Sequence:
+    """One model with its cache, and the host-side record of what the cache holds.
+
+    `tokens` are the confirmed tokens in the cache; `forward` may append unconfirmed ones
+    (drafts under verification) whose values need not be known on the host yet; `settle`
+    confirms a prefix of those and drops the rest.
+    """
+
+    def __init__(self, model: nn.Module, prefill_step: int = PREFILL_STEP):
+        self.model = model
+        self.prefill_step = prefill_step
+        self.cache = make_cache(model)
+        self.tokens: list[int] = []
+        self.n_unconfirmed = 0
+        self.trimmable = all(c.is_trimmable() for c in self.cache)
+        self._checkpoint: list[Any] | None = None
+        self._busy = False  # a call that changes the cache is under way
+
+    @property
+    def offset(self) -> int:
+        return len(self.tokens) + self.n_unconfirmed
+
+    def reset(self) -> None:
+        self.cache = make_cache(self.model)
+        self.tokens = []
+        self.n_unconfirmed = 0
+        self._checkpoint = None
+        self._busy = False
+
+    def sync(self, context: list[int]) -> None:
+        """Make the cache hold exactly context[:-1], reusing the common prefix.
+
+        The last token of the context is left out: it is the input of the next call.
+        """
+        self._repair()
+        wanted = context[:-1]
+        keep = common_prefix(self.tokens, wanted)
+        if keep < len(self.tokens):
+            if self.trimmable:
+                for c in self.cache:
+                    c.trim(len(self.tokens) - keep)
+                self.tokens = self.tokens[:keep]
+            else:
+                self.reset()
+                keep = 0
+        rest = wanted[keep:]
+        self._busy = True
+        for start in range(0, len(rest), self.prefill_step):
+            chunk = rest[start : start + self.prefill_step]
+            self.model(mx.array(chunk, mx.uint32)[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self.tokens.extend(chunk)
+        self._busy = False
+        if rest:
+            mx.clear_cache()
+
+    def _repair(self) -> None:
+        """Drop whatever the cache holds beyond the confirmed tokens.
+
+        Unconfirmed tokens, and the partial state of a call that Ctrl-C cut short, go.
+        Trimmable caches know their own length; the others start over if anything is off.
+        """
+        if self.trimmable:
+            for c in self.cache:
+                extra = getattr(c, "offset", len(self.tokens)) - len(self.tokens)
+                if extra > 0:
+                    c.trim(extra)
+            self.n_unconfirmed = 0
+        elif self.n_unconfirmed or self._busy:
+            self.reset()
+        self._busy = False
+
+    def forward(self, inputs: mx.array) -> mx.array:
+        """Logits for each input token, appended to the cache unconfirmed. # (n, vocab)"""
+        if not self.trimmable and self.n_unconfirmed == 0:
+            # Copy the containers (the arrays themselves are immutable) so the later
+            # in-place updates of the cache lists do not reach the checkpoint.
+            self._checkpoint = [tree_map(lambda x: x, c.state) for c in self.cache]
+        self.n_unconfirmed += inputs.shape[0]
+        return self.model(inputs[None], cache=self.cache)[0]
+
+    def settle(self, kept: list[int]) -> None:
+        """The first len(kept) unconfirmed tokens were `kept`; drop the others."""
+        assert len(kept) <= self.n_unconfirmed, "settling more tokens than were fed"
+        drop = self.n_unconfirmed - len(kept)
+        self.n_unconfirmed = 0
+        if drop and self.trimmable:
+            for c in self.cache:
+                c.trim(drop)
+        elif drop:
+            for c, state in zip(self.cache, self._checkpoint, strict=True):
+                c.state = state
+            if kept:
+                self.model(mx.array(kept, mx.uint32)[None], cache=self.cache)
+        self._checkpoint = None
+        self.tokens.extend(kept)

@@ -1,0 +1,5 @@
+"""Drafting strategies. Each proposes tokens for the one verify loop in `specmlx.decode`."""
+
+from specmlx.drafters.base import Draft, Drafter
+
+__all__ = ["Draft", "Drafter"]

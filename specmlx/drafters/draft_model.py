@@ -1,0 +1,60 @@
+"""A smaller model of the same tokenizer drafts k tokens autoregressively.
+
+Its cache runs behind the context: it holds every token up to the last one it consumed.
+Each proposal first feeds whatever the context has that the cache lacks (the last accepted
+token, and the final draft token when all k were accepted, since the model drafted it but
+never consumed it), then drafts one token per call.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from specmlx.cache import Sequence
+from specmlx.drafters.base import Draft
+from specmlx.sampling import SamplingConfig, sample
+
+
+class DraftModelDrafter:
+    """Draft with a small model, sampling exactly as the target is sampled."""
+
+    def __init__(self, model: nn.Module, sampling: SamplingConfig, vocab_size: int):
+        self.sequence = Sequence(model)
+        self.sampling = sampling
+        # Target vocab: draft logits are padded or cut to it before sampling, so that
+        # verification compares the two models over one index space, and the draft samples
+        # from exactly the distribution it reports.
+        self.vocab_size = vocab_size
+        self._fed: list[int] = []  # inputs of the current proposal's first call
+
+    def prefill(self, context: list[int]) -> None:
+        self.sequence.sync(context)
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        self._fed = context[len(self.sequence.tokens) :]
+        inputs = mx.array(self._fed, mx.uint32)
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self._fit_vocab(self.sequence.forward(inputs)[-1])
+            token, token_probs = sample(logits, self.sampling)
+            tokens.append(token)
+            if token_probs is not None:
+                probs.append(token_probs)
+            if i < k - 1:
+                inputs = token[None]
+                mx.async_eval(token)
+        return Draft(mx.stack(tokens), mx.stack(probs) if probs else None)
+
+    def commit(self, n_accepted: int, accepted: list[int]) -> None:
+        # The model consumed the first k-1 drafts; the k-th is fed next time if it was kept.
+        n_consumed = self.sequence.n_unconfirmed - len(self._fed)
+        self.sequence.settle(self._fed + accepted[: min(n_accepted, n_consumed)])
+
+    def _fit_vocab(self, logits: mx.array) -> mx.array:
+        size = logits.shape[-1]
+        if size > self.vocab_size:
+            return logits[: self.vocab_size]
+        if size < self.vocab_size:
+            return mx.pad(logits, [(0, self.vocab_size - size)], constant_values=-float("inf"))
+        return logits
