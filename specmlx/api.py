@@ -87,7 +87,7 @@ class Stats:
     def add(self, step: Step, elapsed: float) -> Stats:
         """These totals after one more step; `elapsed` is the time since the start."""
         drafted = _count_positions(self.drafted_by_position, step.n_drafted)
-        accepted = _count_positions(self.accepted_by_position, step.n_accepted)
+        accepted = _count_positions(self.accepted_by_position, step.n_accepted, len(drafted))
         return replace(
             self,
             tokens=self.tokens + len(step.tokens),
@@ -118,9 +118,9 @@ class Stats:
         }
 
 
-def _count_positions(counts: tuple[int, ...], n: int) -> tuple[int, ...]:
-    """Add one to each of the first n positions, growing the tuple as needed."""
-    grown = counts + (0,) * max(0, n - len(counts))
+def _count_positions(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[int, ...]:
+    """Add one to each of the first n positions, growing the tuple to at least `length`."""
+    grown = counts + (0,) * max(0, n - len(counts), length - len(counts))
     return tuple(c + (i < n) for i, c in enumerate(grown))
 
 

@@ -1,0 +1,142 @@
+"""The loop's promise: output exactly the target's, greedy and sampled."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+
+from specmlx.cache import Sequence
+from specmlx.decode import decode
+from specmlx.drafters.draft_model import DraftModelDrafter
+from specmlx.sampling import SamplingConfig
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "for i in range(10):",
+    "import numpy as np",
+    "Hello, world!",
+    "The quick brown fox",
+    "Speculative decoding lets",
+    "x = np.zeros((3, 4))",
+    "print(i * i)",
+    "How are you today?",
+    "The capital of Italy",
+    "return fibonacci(n - 1)",
+    "a little fox who lived",
+    "0123456789",
+    "I am fine, thank you.",
+    "jumps over the lazy dog",
+    "small model draft tokens",
+    "if n <= 0:",
+    "there was a",
+    "lazy lazy lazy lazy",
+    "zq",
+]
+GREEDY = SamplingConfig()
+
+
+def run(target, tokenizer, prompt, drafter, k, max_tokens=24, sampling=GREEDY):
+    ids = tokenizer.encode(prompt)
+    steps = list(
+        decode(Sequence(target), ids, drafter, k=k, max_tokens=max_tokens, sampling=sampling)
+    )
+    return [t for s in steps for t in s.tokens], steps
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_dirs):
+    target, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    draft, _ = mlx_lm.load(str(tiny_dirs["llama-draft"]))
+    return target, tokenizer, draft
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_speculative_equals_plain(llama, k):
+    target, tokenizer, draft = llama
+    for prompt in PROMPTS:
+        plain, _ = run(target, tokenizer, prompt, None, 0)
+        spec, _ = run(target, tokenizer, prompt, DraftModelDrafter(draft, GREEDY, 320), k)
+        assert spec == plain, prompt
+
+
+def test_self_draft_accepts_everything(llama):
+    target, tokenizer, _ = llama
+    for prompt in PROMPTS[:5]:
+        _, steps = run(target, tokenizer, prompt, DraftModelDrafter(target, GREEDY, 320), 4)
+        assert sum(s.n_accepted for s in steps) == sum(s.n_drafted for s in steps) > 0
+        # Every step but the last, capped by max_tokens, yields k + 1 tokens.
+        assert all(len(s.tokens) == 5 for s in steps[:-1])
+
+
+def test_unrelated_draft_has_low_acceptance_and_same_output(llama):
+    target, tokenizer, draft = llama
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        plain, _ = run(target, tokenizer, prompt, None, 0)
+        spec, steps = run(target, tokenizer, prompt, DraftModelDrafter(draft, GREEDY, 320), 4)
+        assert spec == plain
+        drafted += sum(s.n_drafted for s in steps)
+        accepted += sum(s.n_accepted for s in steps)
+    assert accepted / drafted < 0.3
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3_text", "qwen2_moe"])
+def test_greedy_equal_on_other_architectures(tiny_dirs, arch):
+    target, tokenizer = mlx_lm.load(str(tiny_dirs[arch]))
+    draft, _ = mlx_lm.load(str(tiny_dirs[f"{arch}-draft"]))
+    for prompt in PROMPTS[:6]:
+        plain, _ = run(target, tokenizer, prompt, None, 0, max_tokens=20)
+        for k in (1, 3):
+            spec, _ = run(target, tokenizer, prompt, DraftModelDrafter(draft, GREEDY, 320), k, 20)
+            assert spec == plain, (arch, prompt, k)
+
+
+def test_stop_token_ends_generation_and_max_tokens_is_exact(llama):
+    target, tokenizer, draft = llama
+    ids = tokenizer.encode(PROMPTS[0])
+    plain = [
+        t
+        for s in decode(Sequence(target), ids, None, k=0, max_tokens=30, sampling=GREEDY)
+        for t in s.tokens
+    ]
+    stop = plain[7]
+    first = plain.index(stop)
+    steps = list(
+        decode(
+            Sequence(target),
+            ids,
+            DraftModelDrafter(target, GREEDY, 320),
+            k=4,
+            max_tokens=30,
+            sampling=GREEDY,
+            stop_tokens=frozenset([stop]),
+        )
+    )
+    out = [t for s in steps for t in s.tokens]
+    assert out == plain[: first + 1] and steps[-1].finish == "stop"
+    for max_tokens in (1, 2, 5, 13):
+        _, steps = run(
+            target, tokenizer, PROMPTS[1], DraftModelDrafter(target, GREEDY, 320), 8, max_tokens
+        )
+        assert sum(len(s.tokens) for s in steps) == max_tokens and steps[-1].finish == "length"
+
+
+def test_sampled_speculation_is_reproducible_with_a_seed(llama):
+    target, tokenizer, draft = llama
+    sampling = SamplingConfig(temperature=1.0)
+    outs = []
+    for _ in range(2):
+        mx.random.seed(3)
+        out, _ = run(
+            target,
+            tokenizer,
+            PROMPTS[2],
+            DraftModelDrafter(draft, sampling, 320),
+            4,
+            sampling=sampling,
+        )
+        outs.append(out)
+    assert outs[0] == outs[1]
