@@ -297,7 +297,7 @@ def chat(
             console.print("[dim]conversation reset[/dim]")
             continue
         if command == "/stats":
-            console.print(stats_line(session.total, method_used))
+            console.print(stats_line(session.total, method_used), markup=False)
             continue
         if not command:
             continue
@@ -312,6 +312,7 @@ def chat(
             except KeyboardInterrupt:
                 events.close()
                 view.update(render(reply, stats, method_used, note="[stopped]"))
+        console.print()
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ def stats_line(stats: Stats, method: str) -> str:
 
 def render(text: str, stats: Stats | None, method: str, note: str = "") -> Panel:
     """The chat reply panel: streaming text, live rates in the subtitle."""
-    subtitle = stats_line(stats, method) if stats is not None else "…"
+    subtitle = Text(stats_line(stats, method) if stats is not None else "…")
     body: Text | Group = Text(text)
     if note:
         body = Group(Text(text), Text(note, style="dim italic"))

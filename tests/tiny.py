@@ -66,6 +66,17 @@ ARCHS: dict[str, dict] = {
         rope_theta=1000000.0,
         rope_local_base_freq=10000.0,
     ),
+    "mamba": dict(
+        model_type="mamba",
+        hidden_size=32,
+        intermediate_size=64,
+        state_size=8,
+        num_hidden_layers=2,
+        conv_kernel=4,
+        use_bias=False,
+        use_conv_bias=True,
+        time_step_rank=4,
+    ),
     "qwen2_moe": dict(
         model_type="qwen2_moe",
         hidden_size=64,
@@ -118,7 +129,12 @@ def write_tokenizer(folder: Path, vocab_size: int = 320) -> int:
 
 
 def make_model_dir(
-    folder: Path, arch: str = "llama", seed: int = 0, vocab_pad: int = 0, **overrides
+    folder: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    vocab_pad: int = 0,
+    tokenizer_size: int = 320,
+    **overrides,
 ) -> Path:
     """A random-weight fp32 mlx-lm model folder of architecture `arch`.
 
@@ -127,7 +143,7 @@ def make_model_dir(
     import mlx.core as mx
     from mlx_lm.utils import _get_classes, save_config, save_model
 
-    n_tokens = write_tokenizer(folder)
+    n_tokens = write_tokenizer(folder, tokenizer_size)
     eos_id = SPECIALS.index("<|im_end|>")
     config = {**ARCHS[arch], "vocab_size": n_tokens + vocab_pad, "eos_token_id": eos_id}
     config.update(overrides)
