@@ -27,7 +27,7 @@ from specmlx.drafters.base import Drafter
 from specmlx.errors import SpecmlxError, UsageError
 from specmlx.sampling import SamplingConfig
 
-METHODS = ("none", "draft")
+METHODS = ("none", "draft", "ngram", "lookahead")
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,11 @@ class GenerationConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = None
     chat_template: bool = True
+    ngram_min: int = 1  # prompt lookup: shortest suffix to match
+    ngram_max: int = 4  # prompt lookup: longest suffix to match
+    window: int = 5  # lookahead W: Jacobi window columns
+    ngram_size: int = 4  # lookahead N: n-gram length
+    guesses: int = 5  # lookahead G: candidates verified per step
 
     def __post_init__(self) -> None:
         if self.method is not None and self.method not in METHODS:
@@ -48,6 +53,12 @@ class GenerationConfig:
             raise UsageError(f"k must be at least 1, got {self.k}")
         if self.max_tokens < 1:
             raise UsageError(f"max-tokens must be at least 1, got {self.max_tokens}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise UsageError(
+                f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min} and {self.ngram_max}"
+            )
+        if self.window < 1 or self.ngram_size < 2 or self.guesses < 0:
+            raise UsageError("lookahead needs window >= 1, ngram-size >= 2 and guesses >= 0")
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class Stats:
 
     def add(self, step: Step, elapsed: float) -> Stats:
         """These totals after one more step; `elapsed` is the time since the start."""
-        drafted = _count_positions(self.drafted_by_position, step.n_drafted)
+        drafted = _count_positions(self.drafted_by_position, step.draft_depth)
         accepted = _count_positions(self.accepted_by_position, step.n_accepted, len(drafted))
         return replace(
             self,
@@ -167,11 +178,17 @@ def _vocab_rows(model: nn.Module) -> int:
     return int(args.vocab_size)
 
 
-def load(target: str | None = None, draft: str | None = None, *, progress: bool = True) -> Models:
+def load(
+    target: str | None = None,
+    draft: str | None = None,
+    *,
+    progress: bool = True,
+    default_draft: bool = True,
+) -> Models:
     """Resolve and load a target and an optional draft model.
 
     With no target, the registry's default pair is used (its draft too, unless `draft` is
-    given). References are anything `specmlx.resolve_model` takes: a folder, a .gguf file,
+    given or `default_draft` is off). References are anything `specmlx.resolve_model` takes: a folder, a .gguf file,
     an alias, a Hugging Face id.
     """
     from mlx_lm import load as mlx_load
@@ -181,8 +198,8 @@ def load(target: str | None = None, draft: str | None = None, *, progress: bool 
     if target is None:
         from specmlx.registry import default_pair
 
-        target, default_draft = default_pair()
-        draft = draft or default_draft
+        target, pair_draft = default_pair()
+        draft = draft or (pair_draft if default_draft else None)
     target_path = resolve_model(target, progress=progress)
     draft_path = resolve_model(draft, progress=progress) if draft else None
     target_model, tokenizer = _load_one(mlx_load, target_path)
@@ -243,11 +260,24 @@ def encode_prompt(
     return ids
 
 
+def method_of(models: Models, config: GenerationConfig) -> str:
+    """The method a config asks for: by default, draft when a draft model is loaded."""
+    return config.method or ("draft" if models.draft is not None else "none")
+
+
 def make_drafter(models: Models, config: GenerationConfig) -> Drafter | None:
     """The drafter the config asks for, or None for plain decoding."""
-    method = config.method or ("draft" if models.draft is not None else "none")
+    method = method_of(models, config)
     if method == "none":
         return None
+    if method == "ngram":
+        from specmlx.drafters.ngram import NgramDrafter
+
+        return NgramDrafter(config.ngram_min, config.ngram_max)
+    if method == "lookahead":
+        from specmlx.drafters.lookahead import LookaheadDrafter
+
+        return LookaheadDrafter(config.window, config.ngram_size, config.guesses)
     if models.draft is None:
         raise UsageError("--method draft needs a draft model (--draft)")
     from specmlx.drafters.draft_model import DraftModelDrafter

@@ -5,7 +5,7 @@ the loop can keep a verified prefix and drop the rest after every step, and a ch
 the common prefix of two turns. Rewind is exact for each cache kind:
 
 - KVCache, QuantizedKVCache: trim.
-- RotatingKVCache (sliding-window layers): replaced at creation by `WindowedKVCache`, a
+- RotatingKVCache (sliding-window layers): replaced at creation by a `SpecKVCache`, a
   plain KVCache that applies the same window through the attention mask. It keeps the
   whole history, so it can always be trimmed, where a rotating buffer past its window has
   overwritten what a rewind would need.
@@ -22,40 +22,77 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    KVCache,
+    RotatingKVCache,
+    create_attention_mask,
+    make_prompt_cache,
+)
+
+from specmlx.errors import SpecmlxError
+from specmlx.tree import PositionedRoPE, Tree, positioned_ropes
 
 PREFILL_STEP = 512
 
 
-class WindowedKVCache(KVCache):
-    """A KVCache that attends to a sliding window through its mask, and so can be trimmed.
+class SpecKVCache(KVCache):
+    """A KVCache that can take a token tree, and optionally attends to a sliding window.
 
-    Gives the same attention as RotatingKVCache(max_size=window, keep=keep): each query sees
-    the first `keep` tokens and the last `window - keep` ones up to itself.
+    The window is applied through the mask, so the cache keeps its whole history and can
+    always be trimmed; it gives the same attention as RotatingKVCache(max_size=window,
+    keep=keep): each query sees the first `keep` tokens and the last `window - keep` up to
+    itself. While `tree_mask` is set, the new tokens attend to the prefix and to their
+    ancestors only, at the positions of their depths.
     """
 
-    def __init__(self, window: int, keep: int = 0):
+    def __init__(self, window: int | None = None, keep: int = 0):
         super().__init__()
         self.window = window
         self.keep = keep
+        self.tree_mask: mx.array | None = None  # (n, n) ancestors among the new tokens
+        self.tree_depths: mx.array | None = None  # (n,)
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
-    ) -> mx.array:
-        window = window_size or (self.window - self.keep)
-        mask = create_causal_mask(N, self.offset, window_size=window)
-        if self.keep:
-            sinks = mx.arange(self.offset + N)[None] < self.keep
-            mask = mask | (sinks & create_causal_mask(N, self.offset))
+    ) -> mx.array | str | None:
+        window = window_size or (self.window - self.keep if self.window else None)
+        if self.tree_mask is None and window is None:
+            return create_attention_mask(N, self.offset, return_array, None)
+        if self.tree_mask is None:
+            mask = create_causal_mask(N, self.offset, window_size=window)
+            query_pos = mx.arange(self.offset, self.offset + N)
+        else:
+            prefix = mx.ones((N, self.offset), dtype=mx.bool_)
+            mask = mx.concatenate([prefix, self.tree_mask], axis=1)
+            query_pos = self.offset + self.tree_depths
+            if window is not None:
+                key_pos = mx.concatenate([mx.arange(self.offset), query_pos])
+                mask = mask & (query_pos[:, None] - key_pos[None] < window)
+        if window is not None and self.keep:
+            sinks = (mx.arange(self.offset + N) < self.keep)[None]
+            mask = mask | (sinks & (mx.arange(self.offset + N)[None] <= query_pos[:, None]))
         return mask
+
+    def compact(self, base: int, path: list[int]) -> None:
+        """Move the entries of new tokens `path` (indices after `base`) to follow `base`."""
+        if path == list(range(len(path))):
+            return
+        index = mx.array([base + i for i in path])
+        end = base + len(path)
+        self.keys[..., base:end, :] = self.keys[..., index, :]
+        self.values[..., base:end, :] = self.values[..., index, :]
 
 
 def make_cache(model: nn.Module) -> list[Any]:
-    """The model's own cache, with rotating layers swapped for windowed ones."""
-    return [
-        WindowedKVCache(c.max_size, c.keep) if isinstance(c, RotatingKVCache) else c
-        for c in make_prompt_cache(model)
-    ]
+    """The model's own cache, with plain and rotating KV layers as SpecKVCache."""
+    caches = []
+    for c in make_prompt_cache(model):
+        if type(c) is KVCache:
+            c = SpecKVCache()
+        elif isinstance(c, RotatingKVCache):
+            c = SpecKVCache(c.max_size, c.keep)
+        caches.append(c)
+    return caches
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -83,6 +120,7 @@ class Sequence:
         self.trimmable = all(c.is_trimmable() for c in self.cache)
         self._checkpoint: list[Any] | None = None
         self._busy = False  # a call that changes the cache is under way
+        self._ropes: list[PositionedRoPE] | None = None  # wrapped on the first tree call
 
     @property
     def offset(self) -> int:
@@ -138,8 +176,14 @@ class Sequence:
             self.reset()
         self._busy = False
 
-    def forward(self, inputs: mx.array) -> mx.array:
-        """Logits for each input token, appended to the cache unconfirmed. # (n, vocab)"""
+    def forward(self, inputs: mx.array, tree: Tree | None = None) -> mx.array:
+        """Logits for each input token, appended to the cache unconfirmed. # (n, vocab)
+
+        With a tree, inputs[i] is node i of the tree (inputs[0] its root) and each node
+        attends to the prefix and its ancestors only, at the position of its depth.
+        """
+        if tree is not None:
+            return self._forward_tree(inputs, tree)
         if not self.trimmable and self.n_unconfirmed == 0:
             # Copy the containers (the arrays themselves are immutable) so the later
             # in-place updates of the cache lists do not reach the checkpoint.
@@ -147,9 +191,37 @@ class Sequence:
         self.n_unconfirmed += inputs.shape[0]
         return self.model(inputs[None], cache=self.cache)[0]
 
-    def settle(self, kept: list[int]) -> None:
-        """The first len(kept) unconfirmed tokens were `kept`; drop the others."""
+    def _forward_tree(self, inputs: mx.array, tree: Tree) -> mx.array:
+        if not all(isinstance(c, SpecKVCache) for c in self.cache):
+            kinds = sorted({type(c).__name__ for c in self.cache})
+            raise SpecmlxError(
+                f"tree drafting needs attention KV caches; this model uses {', '.join(kinds)}"
+            )
+        if self._ropes is None:
+            self._ropes = positioned_ropes(self.model)
+        mask, depths = tree.ancestor_mask(), mx.array(tree.depths)
+        for c in self.cache:
+            c.tree_mask, c.tree_depths = mask, depths
+        for rope in self._ropes:
+            rope.depths = depths
+        try:
+            return self.forward(inputs)
+        finally:
+            for c in self.cache:
+                c.tree_mask = c.tree_depths = None
+            for rope in self._ropes:
+                rope.depths = None
+
+    def settle(self, kept: list[int], path: list[int] | None = None) -> None:
+        """Confirm `kept` and drop the other unconfirmed tokens.
+
+        `kept` are the first len(kept) unconfirmed tokens, or, after a tree call, the nodes
+        `path` (indices among the unconfirmed tokens, in order).
+        """
         assert len(kept) <= self.n_unconfirmed, "settling more tokens than were fed"
+        if path is not None:
+            for c in self.cache:
+                c.compact(len(self.tokens), path)
         drop = self.n_unconfirmed - len(kept)
         self.n_unconfirmed = 0
         if drop and self.trimmable:

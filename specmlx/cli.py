@@ -164,49 +164,36 @@ TargetOpt = Annotated[
 DraftOpt = Annotated[str | None, typer.Option(help="Draft model (same tokenizer as the target).")]
 MethodOpt = Annotated[
     str | None,
-    typer.Option(help="none (plain decoding) or draft. Default: draft when a draft is loaded."),
+    typer.Option(
+        help="none (plain decoding), draft, ngram (prompt lookup) or lookahead. "
+        "Default: draft when a draft model is loaded, else none."
+    ),
 ]
-KOpt = Annotated[int, typer.Option("-k", "--k", help="Tokens drafted per step.")]
+KOpt = Annotated[int, typer.Option("-k", "--k", help="Most tokens accepted per step.")]
 MaxTokensOpt = Annotated[int, typer.Option(help="Most tokens to generate.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
 TopKOpt = Annotated[int, typer.Option(help="Keep the k most likely tokens; 0 keeps all.")]
 SeedOpt = Annotated[int | None, typer.Option(help="Random seed for sampling.")]
+NgramMinOpt = Annotated[int, typer.Option(help="ngram: shortest context suffix to look up.")]
+NgramMaxOpt = Annotated[int, typer.Option(help="ngram: longest context suffix to look up.")]
+WindowOpt = Annotated[int, typer.Option(help="lookahead: Jacobi window W.")]
+NgramSizeOpt = Annotated[int, typer.Option(help="lookahead: n-gram size N.")]
+GuessesOpt = Annotated[int, typer.Option(help="lookahead: candidates G verified per step.")]
 
 
-def _setup(
-    target: str | None,
-    draft: str | None,
-    method: str | None,
-    k: int,
-    max_tokens: int,
-    temp: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    chat_template: bool,
-):
-    """Validate the options, then load the models (with a spinner on stderr)."""
+def _load(target: str | None, draft: str | None, config):
+    """Check the options against each other, then load the models (spinner on stderr)."""
     from rich.console import Console
 
-    from specmlx.api import GenerationConfig, load
-    from specmlx.sampling import SamplingConfig
+    from specmlx.api import load
 
-    sampling = SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k)
-    config = GenerationConfig(
-        method=method,
-        k=k,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        seed=seed,
-        chat_template=chat_template,
-    )
-    if method == "draft" and draft is None and target is not None:
+    if config.method == "draft" and draft is None and target is not None:
         raise UsageError("--method draft needs a draft model (--draft)")
-    err = Console(stderr=True)
-    with err.status("loading models…"):
-        models = load(target, draft if method != "none" else None)
-    return models, config
+    if config.method not in (None, "draft") and draft is not None:
+        raise UsageError(f"--draft is not used by --method {config.method}")
+    with Console(stderr=True).status("loading models…"):
+        return load(target, draft, default_draft=config.method in (None, "draft"))
 
 
 @app.command()
@@ -225,6 +212,11 @@ def generate(
     no_chat_template: Annotated[
         bool, typer.Option("--no-chat-template", help="Send the prompt as raw text.")
     ] = False,
+    ngram_min: NgramMinOpt = 1,
+    ngram_max: NgramMaxOpt = 4,
+    window: WindowOpt = 5,
+    ngram_size: NgramSizeOpt = 4,
+    guesses: GuessesOpt = 5,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object at the end.")
     ] = False,
@@ -232,12 +224,25 @@ def generate(
     """Generate a continuation of PROMPT, speculatively when a draft is given."""
     import json
 
-    from specmlx.api import stream_generate
+    from specmlx.api import GenerationConfig, method_of, stream_generate
     from specmlx.display import stats_line
+    from specmlx.sampling import SamplingConfig
 
-    models, config = _setup(
-        target, draft, method, k, max_tokens, temp, top_p, top_k, seed, not no_chat_template
+    config = GenerationConfig(
+        method=method,
+        k=k,
+        max_tokens=max_tokens,
+        sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
+        seed=seed,
+        chat_template=not no_chat_template,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
+        window=window,
+        ngram_size=ngram_size,
+        guesses=guesses,
     )
+    models = _load(target, draft, config)
+    method_used = method_of(models, config)
     text, ids, stats = [], [], None
     for event in stream_generate(models, prompt, config):
         text.append(event.text)
@@ -245,7 +250,6 @@ def generate(
         stats = event.stats
         if not json_out:
             typer.echo(event.text, nl=False)
-    method_used = "draft" if models.draft is not None and config.method != "none" else "none"
     if json_out:
         out = {
             "text": "".join(text),
@@ -271,16 +275,34 @@ def chat(
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
     seed: SeedOpt = None,
+    ngram_min: NgramMinOpt = 1,
+    ngram_max: NgramMaxOpt = 4,
+    window: WindowOpt = 5,
+    ngram_size: NgramSizeOpt = 4,
+    guesses: GuessesOpt = 5,
 ) -> None:
     """Chat with the target; /reset, /stats, /quit. Ctrl-C stops the current reply."""
     from rich.console import Console
 
-    from specmlx.api import ChatSession
+    from specmlx.api import ChatSession, GenerationConfig, method_of
     from specmlx.display import live, render, stats_line
+    from specmlx.sampling import SamplingConfig
 
-    models, config = _setup(target, draft, method, k, max_tokens, temp, top_p, top_k, seed, True)
+    config = GenerationConfig(
+        method=method,
+        k=k,
+        max_tokens=max_tokens,
+        sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
+        seed=seed,
+        ngram_min=ngram_min,
+        ngram_max=ngram_max,
+        window=window,
+        ngram_size=ngram_size,
+        guesses=guesses,
+    )
+    models = _load(target, draft, config)
     session = ChatSession(models, config)
-    method_used = "none" if session.drafter is None else "draft"
+    method_used = method_of(models, config)
     console = Console()
     console.print(f"[dim]chat with {models.target_path} ({method_used}); /reset /stats /quit[/dim]")
     while True:
@@ -313,6 +335,137 @@ def chat(
                 events.close()
                 view.update(render(reply, stats, method_used, note="[stopped]"))
         console.print()
+
+
+def _parse_ks(values: list[str]) -> list[int]:
+    """`-k 2 -k 4` or `--k 2,4` (or both) as a list of ints."""
+    ks = []
+    for value in values:
+        for part in value.split(","):
+            try:
+                ks.append(int(part))
+            except ValueError:
+                raise UsageError(f"-k takes integers, got {part!r}") from None
+    return ks
+
+
+@app.command()
+@handles_errors
+def bench(
+    suite: Annotated[
+        list[str] | None,
+        typer.Option(help="Prompt suite: code, extract, chat, creative or all (repeatable)."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(help="Your prompts: JSONL with a 'prompt' field, or one prompt per line."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="At most this many prompts per suite.")] = None,
+    method: Annotated[
+        list[str] | None, typer.Option(help="Drafting method to compare (repeatable; draft).")
+    ] = None,
+    k: Annotated[
+        list[str] | None,
+        typer.Option("-k", "--k", help="Tokens drafted per step: -k 2 -k 4 or 2,4."),
+    ] = None,
+    mlx_lm: Annotated[
+        bool, typer.Option(help="Add mlx-lm's speculative decoding at each k, as reference.")
+    ] = True,
+    temp: Annotated[
+        list[float] | None, typer.Option("--temp", help="Temperature (repeatable); 0 is greedy.")
+    ] = None,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    max_tokens: MaxTokensOpt = 64,
+    repeats: Annotated[int, typer.Option(help="Runs per prompt and row; medians are kept.")] = 1,
+    warmup: Annotated[int, typer.Option(help="Unrecorded warm-up runs per row.")] = 1,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    seed: Annotated[int, typer.Option(help="Base random seed, the same for every row.")] = 0,
+    no_chat_template: Annotated[
+        bool, typer.Option("--no-chat-template", help="Send prompts as raw text.")
+    ] = False,
+    costs: Annotated[
+        bool, typer.Option(help="Measure the cost model (c, v(k)) and predict speedups.")
+    ] = True,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the report here.")] = None,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Write the summary here.")] = None,
+    markdown_path: Annotated[
+        Path | None, typer.Option("--markdown", help="Write header and table as Markdown.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG of speedup and acceptance (needs matplotlib).")
+    ] = None,
+) -> None:
+    """Benchmark the target alone, each method and k, and mlx-lm, interleaved per prompt."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from specmlx import bench_report
+    from specmlx.bench import BenchConfig, make_rows
+    from specmlx.suites import load_prompts_file, load_suite, suite_names
+
+    # Everything that can be wrong with the options fails here, before any model loads.
+    suites = [load_prompts_file(prompts, limit)] if prompts is not None else []
+    if suite or prompts is None:
+        suites += [load_suite(name, limit) for name in suite_names(suite or ["all"])]
+    methods = method or ["draft"]
+    rows = make_rows(methods, _parse_ks(k or ["4"]), mlx_lm)
+    if plot is not None:
+        bench_report.require_matplotlib()
+    outputs = [p for p in (json_path, csv_path, markdown_path, plot) if p is not None]
+    for path in outputs:
+        bench_report.check_writable(path)
+    config = BenchConfig(
+        suites=tuple(suites),
+        rows=rows,
+        temperatures=tuple(dict.fromkeys(temp or [0.0])),
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        warmup=warmup,
+        seed=seed,
+        chat_template=not no_chat_template,
+    )
+    for t in config.temperatures:
+        config.sampling(t)  # validates the sampler settings
+    needs_draft = any(r.method in ("draft", "mlx-lm") for r in rows)
+    if needs_draft and draft is None and target is not None:
+        raise UsageError("--method draft needs a draft model (--draft)")
+
+    from specmlx.api import load
+    from specmlx.bench import run
+    from specmlx.bench_summary import build_report
+    from specmlx.costs import measure_costs
+    from specmlx.envinfo import environment
+
+    err = Console(stderr=True)
+    with err.status("loading models…"):
+        models = load(target, draft if needs_draft else None)
+    with err.status("measuring bandwidth and call costs…"):
+        env = environment(models)
+        ks = {1} | {r.k + 1 for r in rows if r.k}
+        profile = measure_costs(models.target, models.draft, ks, reps=3) if costs else None
+    measurements = []
+    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=config.total_runs)
+        for m in run(models, config):
+            measurements.append(m)
+            progress.update(task, advance=1, description=f"{m.suite} {m.prompt_id} {m.row}")
+    report = build_report(config, measurements, env, profile)
+    Console().print(bench_report.render(report))
+    writers = {
+        json_path: bench_report.to_json,
+        csv_path: bench_report.to_csv,
+        markdown_path: bench_report.markdown,
+        plot: bench_report.plot_png,
+    }
+    for path, writer in writers.items():
+        if path is not None:
+            bench_report.write_atomic(path, writer(report))
+            err.print(f"wrote {path}")
 
 
 def main() -> None:

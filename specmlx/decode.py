@@ -1,10 +1,11 @@
 """THE loop: propose -> verify once -> accept -> rewind -> yield.
 
 Every drafting strategy goes through `decode`. One step: the drafter proposes up to k
-tokens; the target scores [last, d1..dk] in one call; an acceptance rule from
-`specmlx.verify` keeps a prefix of the drafts and adds one token of the target's own; both
-sides drop what was not kept. Without a drafter the same loop is plain decoding (k = 0),
-the baseline every method is measured against. One host sync per step.
+tokens, as a chain or a tree; the target scores [last, drafts] in one call; an acceptance
+rule from `specmlx.verify` keeps a prefix (a path, for a tree) of the drafts and adds one
+token of the target's own; both sides drop what was not kept. Without a drafter the same
+loop is plain decoding (k = 0), the baseline every method is measured against. One host
+sync per step.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from specmlx.cache import Sequence
-from specmlx.drafters.base import Drafter
+from specmlx.drafters.base import Draft, Drafter, Verdict
 from specmlx.sampling import SamplingConfig, draw, warp
-from specmlx.verify import greedy_verify, rejection_verify
+from specmlx.verify import greedy_verify, rejection_verify, tree_verify_arrays, walk_tree
 
 
 @dataclass(frozen=True)
@@ -26,30 +27,54 @@ class Step:
     """What one target call produced."""
 
     tokens: tuple[int, ...]  # accepted drafts, then the target's own token (stop-truncated)
-    n_drafted: int
+    n_drafted: int  # tokens the target verified besides the last one (tree nodes too)
+    draft_depth: int  # the longest path the draft offered
     n_accepted: int
     seconds: float  # wall time of the step, measured after its sync
     finish: str | None  # "stop" (a stop token), "length" (max_tokens), or None
 
 
-def _verify(
-    last: int,
-    draft_tokens: mx.array | None,
-    draft_probs: mx.array | None,
-    target: Sequence,
-    sampling: SamplingConfig,
-) -> tuple[mx.array, mx.array]:
-    """Run the target once over [last, drafts] and apply the acceptance rule (lazily)."""
-    inputs = mx.array([last], mx.uint32)
-    if draft_tokens is not None:
-        inputs = mx.concatenate([inputs, draft_tokens])
+def _plain(last: int, target: Sequence, sampling: SamplingConfig) -> tuple[Verdict, int]:
+    logits = target.forward(mx.array([last], mx.uint32))[0]
+    token = mx.argmax(logits) if sampling.greedy else draw(warp(logits, sampling))
+    return Verdict([]), token.item()
+
+
+def _chain(
+    last: int, draft: Draft, target: Sequence, sampling: SamplingConfig
+) -> tuple[Verdict, int]:
+    """Score [last, d1..dk] in one call; keep the accepted prefix."""
+    inputs = mx.concatenate([mx.array([last], mx.uint32), draft.tokens])
     logits = target.forward(inputs)  # (k+1, vocab)
-    if draft_tokens is None:
-        token = mx.argmax(logits[0]) if sampling.greedy else draw(warp(logits[0], sampling))
-        return mx.array(0), token.astype(mx.uint32)
     if sampling.greedy:
-        return greedy_verify(draft_tokens, logits)
-    return rejection_verify(draft_tokens, draft_probs, warp(logits, sampling))
+        n_accepted, next_token = greedy_verify(draft.tokens, logits)
+    else:
+        n_accepted, next_token = rejection_verify(draft.tokens, draft.probs, warp(logits, sampling))
+    verdict = mx.concatenate([draft.tokens, mx.stack([n_accepted.astype(mx.uint32), next_token])])
+    host = verdict.tolist()  # the step's one sync
+    n, token = host[-2], host[-1]
+    return Verdict(host[:n]), token
+
+
+def _tree(
+    last: int, draft: Draft, target: Sequence, sampling: SamplingConfig, limit: int
+) -> tuple[Verdict, int]:
+    """Score every node of the tree in one call; keep the accepted path, at most `limit`."""
+    inputs = mx.concatenate([mx.array([last], mx.uint32), draft.tokens])
+    logits = target.forward(inputs, tree=draft.tree)  # (nodes, vocab)
+    arrays = tree_verify_arrays(draft.tree, draft.tokens, logits, sampling)
+    arrays["tokens"] = draft.tokens
+    mx.eval(*arrays.values())  # the step's one sync
+    host = {name: a.tolist() for name, a in arrays.items()}
+    path, token = walk_tree(draft.tree, host["tokens"], host, sampling, limit)
+    accepted = [host["tokens"][node - 1] for node in path]
+    return Verdict(accepted, path, host["target_tokens"]), token
+
+
+def _depth(draft: Draft | None) -> int:
+    if draft is None:
+        return 0
+    return draft.size if draft.tree is None else max(draft.tree.depths)
 
 
 def decode(
@@ -74,24 +99,23 @@ def decode(
     produced = 0
     while produced < max_tokens:
         start = time.perf_counter()
-        # Never draft past max_tokens: a step emits at most k_step + 1 tokens.
+        last = context[-1]
+        # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
         k_step = min(k, max_tokens - produced - 1) if drafter is not None else 0
         draft = drafter.propose(context, k_step) if k_step > 0 else None
-        draft_tokens = draft.tokens if draft is not None else None
-        n_accepted, next_token = _verify(
-            context[-1], draft_tokens, draft.probs if draft else None, target, sampling
-        )
-        verdict = mx.stack([n_accepted.astype(mx.uint32), next_token])
-        if draft_tokens is not None:
-            verdict = mx.concatenate([draft_tokens, verdict])
-        host = verdict.tolist()  # the step's one sync
-        n, token = host[-2], host[-1]
-        accepted = host[:n]
-        target.settle([context[-1], *accepted])
+        if draft is None or draft.size == 0:
+            verdict, token = _plain(last, target, sampling)
+            target.settle([last])
+        elif draft.tree is None:
+            verdict, token = _chain(last, draft, target, sampling)
+            target.settle([last, *verdict.accepted])
+        else:
+            verdict, token = _tree(last, draft, target, sampling, k_step)
+            target.settle([last, *verdict.accepted], path=[0, *verdict.path])
         if draft is not None:
-            drafter.commit(n, accepted)
+            drafter.commit(verdict)
 
-        emitted = [*accepted, token]
+        emitted = [*verdict.accepted, token]
         finish = None
         for i, t in enumerate(emitted):
             if t in stop_tokens:
@@ -103,8 +127,9 @@ def decode(
         context.extend(emitted)
         yield Step(
             tokens=tuple(emitted),
-            n_drafted=k_step,
-            n_accepted=n,
+            n_drafted=draft.size if draft is not None else 0,
+            draft_depth=_depth(draft),
+            n_accepted=verdict.n_accepted,
             seconds=time.perf_counter() - start,
             finish=finish,
         )

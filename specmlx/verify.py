@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from specmlx.sampling import SamplingConfig, warp
+from specmlx.tree import Tree
+
 
 def _prefix_length(matches: mx.array) -> mx.array:
     """Length of the leading run of True values. # ()"""
@@ -67,3 +70,67 @@ def rejection_verify(
     chosen = candidates[n_accepted]
     next_token = mx.random.categorical(mx.log(chosen)).astype(mx.uint32)
     return n_accepted, next_token
+
+
+def tree_verify_arrays(
+    tree: Tree, tokens: mx.array, target_logits: mx.array, sampling: SamplingConfig
+) -> dict[str, mx.array]:
+    """Everything a host-side walk of a deterministic tree needs, computed lazily.
+
+    target_tokens: the target's greedy token at each node. For sampling also
+    first_try: the target's probability of each node's token under its parent; fallback: a
+    token drawn at each node from the target with all that node's children removed (the
+    residual after every child was rejected); bonus: a token drawn at each node from the
+    target itself (for a walk stopped by its length limit); uniforms: one draw per node.
+
+    tokens        # (size - 1,) the drafted nodes
+    target_logits # (size, vocab)
+    """
+    arrays = {"target_tokens": mx.argmax(target_logits, axis=-1).astype(mx.uint32)}
+    if sampling.greedy:
+        return arrays
+    target_probs = warp(target_logits, sampling)  # (size, vocab)
+    parents = mx.array(tree.parents)
+    arrays["first_try"] = target_probs[parents, tokens.astype(mx.int32)]
+    residual = target_probs.at[parents, tokens.astype(mx.int32)].multiply(0.0)
+    total = residual.sum(axis=-1, keepdims=True)
+    residual = mx.where(total > 0, residual / total, target_probs)
+    arrays["fallback"] = mx.random.categorical(mx.log(residual), axis=-1).astype(mx.uint32)
+    arrays["bonus"] = mx.random.categorical(mx.log(target_probs), axis=-1).astype(mx.uint32)
+    arrays["uniforms"] = mx.random.uniform(shape=(tree.size - 1,))
+    return arrays
+
+
+def walk_tree(
+    tree: Tree, tokens: list[int], host: dict[str, list], sampling: SamplingConfig, limit: int
+) -> tuple[list[int], int]:
+    """The accepted path (node indices, root excluded) and the token the target adds.
+
+    Greedy: follow the child equal to the target's argmax. Sampling: at each node try the
+    children in order, each a one-hot proposal: accept child c with probability
+    p(c) / (1 - mass of the siblings already rejected), which is the target renormalized
+    after removing them; if all fail, draw from the target without any of them. The path
+    stops at `limit` tokens; the next token is then the target's own draw at that node.
+    """
+    path: list[int] = []
+    node = 0
+    while True:
+        if len(path) == limit:
+            return path, host["target_tokens" if sampling.greedy else "bonus"][node]
+        accepted = None
+        if sampling.greedy:
+            want = host["target_tokens"][node]
+            accepted = next((c for c in tree.children[node] if tokens[c - 1] == want), None)
+        else:
+            rejected_mass = 0.0
+            for child in tree.children[node]:
+                p = host["first_try"][child - 1]
+                if host["uniforms"][child - 1] * max(1.0 - rejected_mass, 0.0) < p:
+                    accepted = child
+                    break
+                rejected_mass += p
+        if accepted is None:
+            key = "target_tokens" if sampling.greedy else "fallback"
+            return path, host[key][node]
+        path.append(accepted)
+        node = accepted

@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from specmlx.cache import Sequence, WindowedKVCache
+from specmlx.cache import Sequence, SpecKVCache
 from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
 from specmlx.sampling import SamplingConfig
@@ -43,7 +43,7 @@ def test_windowed_cache_matches_rotating_past_the_window(tiny_dirs):
     """gemma3_text's sliding layers, with a prompt far longer than their window."""
     model, tokenizer = mlx_lm.load(str(tiny_dirs["gemma3_text"]))
     assert any(isinstance(c, RotatingKVCache) for c in make_prompt_cache(model))
-    assert any(isinstance(c, WindowedKVCache) for c in Sequence(model).cache)
+    assert any(isinstance(c, SpecKVCache) and c.window for c in Sequence(model).cache)
     ids = tokenizer.encode(LONG_PROMPT)
     assert len(ids) > 3 * ARCHS["gemma3_text"]["sliding_window"]
     reference = [int(tok) for tok, _ in generate_step(mx.array(ids), model, max_tokens=24)]

@@ -19,6 +19,8 @@ from specmlx import verify
 from specmlx.cache import Sequence
 from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
+from specmlx.drafters.lookahead import LookaheadDrafter
+from specmlx.drafters.ngram import NgramDrafter
 from specmlx.sampling import SamplingConfig, warp
 
 RUNS = 2500
@@ -112,6 +114,21 @@ def test_unrelated_draft_keeps_target_distribution(models):
     drafter = DraftModelDrafter(unrelated, sampling, target.args.vocab_size)
     pairs = sample_pairs(target, drafter, ids, sampling, k=1, max_tokens=2)
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) > 0.01
+
+
+@pytest.mark.parametrize("method", ["ngram", "lookahead"])
+def test_draft_free_methods_keep_target_distribution(models, method):
+    """Deterministic proposals (a chain, or a lookahead tree) through the same rule."""
+    target, _, _, tokenizer = models
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95)
+    # A repetitive prompt gives prompt lookup something to propose.
+    ids = tokenizer.encode("fox fox fox The quick brown fox")
+    joint = exact_joint(target, ids, sampling)
+    if method == "ngram":
+        pairs = sample_pairs(target, NgramDrafter(1, 3), ids, sampling, k=2, max_tokens=3)
+    else:
+        pairs = sample_pairs(target, LookaheadDrafter(3, 3, 3), ids, sampling, k=2, max_tokens=3)
+    assert chi2_pvalue(pairs, joint) > 0.01
 
 
 def test_broken_residual_is_detected(models, monkeypatch):

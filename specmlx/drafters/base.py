@@ -12,21 +12,42 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from specmlx.tree import Tree
+
 
 @dataclass(frozen=True)
 class Draft:
-    """Proposed tokens, and the distributions they were drawn from when there are any.
+    """Proposed tokens: a chain, or a tree of candidates.
 
     `probs=None` marks a deterministic proposal (n-gram, lookahead): verification then
-    treats each token as drawn from a one-hot distribution.
+    treats each token as drawn from a one-hot distribution. A `tree` gives the parent of
+    each token (node 0 is the last accepted token, token i is node i + 1); trees must be
+    deterministic.
     """
 
     tokens: mx.array  # (k,) uint32
     probs: mx.array | None = None  # (k, vocab) warped draft distributions
+    tree: Tree | None = None
+
+    def __post_init__(self) -> None:
+        assert self.tree is None or self.probs is None, "tree drafts are deterministic"
 
     @property
     def size(self) -> int:
         return self.tokens.shape[0]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the target made of a draft."""
+
+    accepted: list[int]  # the accepted draft tokens, in order
+    path: list[int] | None = None  # their tree nodes, for a tree draft
+    target_tokens: list[int] | None = None  # the target's greedy token at each tree node
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.accepted)
 
 
 class Drafter(Protocol):
@@ -38,5 +59,5 @@ class Drafter(Protocol):
     def propose(self, context: list[int], k: int) -> Draft:
         """Up to k tokens to follow `context` (which ends with the last accepted token)."""
 
-    def commit(self, n_accepted: int, accepted: list[int]) -> None:
-        """The target kept the first `n_accepted` proposed tokens, whose ids are `accepted`."""
+    def commit(self, verdict: Verdict) -> None:
+        """What the target kept of the last proposal; rewind whatever was not kept."""

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specmlx.cache import Sequence
-from specmlx.drafters.base import Draft
+from specmlx.drafters.base import Draft, Verdict
 from specmlx.sampling import SamplingConfig, sample
 
 
@@ -46,10 +46,10 @@ class DraftModelDrafter:
                 mx.async_eval(token)
         return Draft(mx.stack(tokens), mx.stack(probs) if probs else None)
 
-    def commit(self, n_accepted: int, accepted: list[int]) -> None:
+    def commit(self, verdict: Verdict) -> None:
         # The model consumed the first k-1 drafts; the k-th is fed next time if it was kept.
         n_consumed = self.sequence.n_unconfirmed - len(self._fed)
-        self.sequence.settle(self._fed + accepted[: min(n_accepted, n_consumed)])
+        self.sequence.settle(self._fed + verdict.accepted[:n_consumed])
 
     def _fit_vocab(self, logits: mx.array) -> mx.array:
         size = logits.shape[-1]
