@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from specmlx.adaptive import AdaptiveK
 from specmlx.cache import Sequence
 from specmlx.decode import Step, decode
 from specmlx.drafters.base import Drafter
@@ -35,7 +36,7 @@ class GenerationConfig:
     """How to generate. `method=None` drafts with the draft model when one is loaded."""
 
     method: str | None = None
-    k: int = 4
+    k: int | None = None  # draft length; None chooses it per step (adaptive, `-k auto`)
     max_tokens: int = 256
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = None
@@ -45,12 +46,14 @@ class GenerationConfig:
     window: int = 5  # lookahead W: Jacobi window columns
     ngram_size: int = 4  # lookahead N: n-gram length
     guesses: int = 5  # lookahead G: candidates verified per step
+    p_min: float = 0.6  # adaptive k: stop drafting below this draft confidence
+    max_k: int = 16  # adaptive k: the longest draft it may choose
 
     def __post_init__(self) -> None:
         if self.method is not None and self.method not in METHODS:
             raise UsageError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
-        if self.k < 1:
-            raise UsageError(f"k must be at least 1, got {self.k}")
+        if self.k is not None and self.k < 1:
+            raise UsageError(f"k must be at least 1 (or auto), got {self.k}")
         if self.max_tokens < 1:
             raise UsageError(f"max-tokens must be at least 1, got {self.max_tokens}")
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -75,6 +78,7 @@ class Stats:
     time_to_first_token: float = 0.0
     decode_seconds: float = 0.0
     peak_memory_gb: float = 0.0
+    plain_steps: int = 0  # steps without a draft (k = 0), e.g. adaptive k falling back
 
     @property
     def acceptance_rate(self) -> float:
@@ -110,6 +114,7 @@ class Stats:
             time_to_first_token=self.time_to_first_token or elapsed,
             decode_seconds=self.decode_seconds + step.seconds,
             peak_memory_gb=mx.get_peak_memory() / 1e9,
+            plain_steps=self.plain_steps + (step.k == 0),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -126,6 +131,7 @@ class Stats:
             "time_to_first_token": self.time_to_first_token,
             "decode_seconds": self.decode_seconds,
             "peak_memory_gb": self.peak_memory_gb,
+            "plain_steps": self.plain_steps,
         }
 
 
@@ -285,14 +291,31 @@ def make_drafter(models: Models, config: GenerationConfig) -> Drafter | None:
     return DraftModelDrafter(models.draft, config.sampling, models.vocab_size)
 
 
+def make_policy(
+    models: Models, config: GenerationConfig, drafter: Drafter | None
+) -> AdaptiveK | None:
+    """The adaptive-k policy when k is auto, from this combination's calibrated costs."""
+    if config.k is not None or drafter is None:
+        return None
+    from specmlx.calibration import load_or_measure
+
+    uses_model = getattr(drafter, "draft_model", None) is not None
+    profile, _ = load_or_measure(models, with_draft=uses_model)
+    return AdaptiveK(profile, uses_model, max_k=config.max_k)
+
+
 def stream_ids(
     models: Models,
     target: Sequence,
     drafter: Drafter | None,
     prompt_ids: list[int],
     config: GenerationConfig,
+    policy: AdaptiveK | None = None,
 ) -> Iterator[GenerationEvent]:
-    """Stream the continuation of `prompt_ids` through the given target sequence."""
+    """Stream the continuation of `prompt_ids` through the given target sequence.
+
+    With k auto, pass the `policy` (from `make_policy`); it keeps learning across calls.
+    """
     if config.seed is not None:
         mx.random.seed(config.seed)
     mx.reset_peak_memory()
@@ -305,10 +328,11 @@ def stream_ids(
         target,
         prompt_ids,
         drafter,
-        k=config.k,
+        k=config.k or 0,
         max_tokens=config.max_tokens,
         sampling=config.sampling,
         stop_tokens=stop,
+        policy=policy,
     ):
         stats = stats.add(step, time.perf_counter() - start)
         for token in step.tokens:
@@ -326,7 +350,8 @@ def stream_generate(
     config = config or GenerationConfig()
     prompt_ids = encode_prompt(models, prompt, config.chat_template)
     drafter = make_drafter(models, config)
-    yield from stream_ids(models, Sequence(models.target), drafter, prompt_ids, config)
+    policy = make_policy(models, config, drafter)
+    yield from stream_ids(models, Sequence(models.target), drafter, prompt_ids, config, policy)
 
 
 def generate(
@@ -350,6 +375,7 @@ class ChatSession:
         self.messages: list[dict[str, str]] = []
         self.target = Sequence(models.target)
         self.drafter = make_drafter(models, config)
+        self.policy = make_policy(models, config, self.drafter)
         self.last_stats: Stats | None = None
         self.total = Stats()
 
@@ -364,7 +390,7 @@ class ChatSession:
         reply: list[str] = []
         try:
             for event in stream_ids(
-                self.models, self.target, self.drafter, prompt_ids, self.config
+                self.models, self.target, self.drafter, prompt_ids, self.config, self.policy
             ):
                 reply.append(event.text)
                 self.last_stats = event.stats
@@ -384,5 +410,6 @@ def _merge(total: Stats, turn: Stats) -> Stats:
         drafted=total.drafted + turn.drafted,
         accepted=total.accepted + turn.accepted,
         decode_seconds=total.decode_seconds + turn.decode_seconds,
+        plain_steps=total.plain_steps + turn.plain_steps,
         peak_memory_gb=max(total.peak_memory_gb, turn.peak_memory_gb),
     )

@@ -169,7 +169,12 @@ MethodOpt = Annotated[
         "Default: draft when a draft model is loaded, else none."
     ),
 ]
-KOpt = Annotated[int, typer.Option("-k", "--k", help="Most tokens accepted per step.")]
+KOpt = Annotated[
+    str,
+    typer.Option(
+        "-k", "--k", help="Draft length per step, or auto: chosen each step from measured costs."
+    ),
+]
 MaxTokensOpt = Annotated[int, typer.Option(help="Most tokens to generate.")]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
 TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
@@ -180,6 +185,16 @@ NgramMaxOpt = Annotated[int, typer.Option(help="ngram: longest context suffix to
 WindowOpt = Annotated[int, typer.Option(help="lookahead: Jacobi window W.")]
 NgramSizeOpt = Annotated[int, typer.Option(help="lookahead: n-gram size N.")]
 GuessesOpt = Annotated[int, typer.Option(help="lookahead: candidates G verified per step.")]
+
+
+def _parse_k(k: str) -> int | None:
+    """`auto` is None; anything else must be a whole number."""
+    if k == "auto":
+        return None
+    try:
+        return int(k)
+    except ValueError:
+        raise UsageError(f"k must be a whole number or auto, got {k!r}") from None
 
 
 def _load(target: str | None, draft: str | None, config):
@@ -203,7 +218,7 @@ def generate(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     method: MethodOpt = None,
-    k: KOpt = 4,
+    k: KOpt = "auto",
     max_tokens: MaxTokensOpt = 256,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -230,7 +245,7 @@ def generate(
 
     config = GenerationConfig(
         method=method,
-        k=k,
+        k=_parse_k(k),
         max_tokens=max_tokens,
         sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
         seed=seed,
@@ -269,7 +284,7 @@ def chat(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     method: MethodOpt = None,
-    k: KOpt = 4,
+    k: KOpt = "auto",
     max_tokens: MaxTokensOpt = 512,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
@@ -290,7 +305,7 @@ def chat(
 
     config = GenerationConfig(
         method=method,
-        k=k,
+        k=_parse_k(k),
         max_tokens=max_tokens,
         sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
         seed=seed,
@@ -396,6 +411,9 @@ def bench(
     plot: Annotated[
         Path | None, typer.Option(help="Write a PNG of speedup and acceptance (needs matplotlib).")
     ] = None,
+    bandwidth_gb: Annotated[
+        float, typer.Option(help="Size in GB of the array the bandwidth probe reads.")
+    ] = 1.0,
 ) -> None:
     """Benchmark the target alone, each method and k, and mlx-lm, interleaved per prompt."""
     from rich.console import Console
@@ -444,7 +462,7 @@ def bench(
     with err.status("loading models…"):
         models = load(target, draft if needs_draft else None)
     with err.status("measuring bandwidth and call costs…"):
-        env = environment(models)
+        env = environment(models, bandwidth_gb)
         ks = {1} | {r.k + 1 for r in rows if r.k}
         profile = measure_costs(models.target, models.draft, ks, reps=3) if costs else None
     measurements = []
@@ -455,7 +473,8 @@ def bench(
             measurements.append(m)
             progress.update(task, advance=1, description=f"{m.suite} {m.prompt_id} {m.row}")
     report = build_report(config, measurements, env, profile)
-    Console().print(bench_report.render(report))
+    # A log file gets the whole table, not one cut to 80 columns.
+    Console(width=None if sys.stdout.isatty() else 200).print(bench_report.render(report))
     writers = {
         json_path: bench_report.to_json,
         csv_path: bench_report.to_csv,
@@ -466,6 +485,40 @@ def bench(
         if path is not None:
             bench_report.write_atomic(path, writer(report))
             err.print(f"wrote {path}")
+
+
+@app.command()
+@handles_errors
+def calibrate(
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    method: MethodOpt = None,
+    force: Annotated[bool, typer.Option(help="Measure again even if cached.")] = False,
+) -> None:
+    """Measure (or show the cached) call costs adaptive k uses: c and v(k) for k = 1..16."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specmlx.api import GenerationConfig
+    from specmlx.calibration import cache_file, calibration_key, load_or_measure
+
+    config = GenerationConfig(method=method)
+    models = _load(target, draft, config)
+    with_draft = models.draft is not None
+    with Console(stderr=True).status("calibrating…"):
+        profile, fresh = load_or_measure(models, with_draft, force=force)
+    console = Console()
+    where = cache_file(calibration_key(models, with_draft))
+    console.print(f"{'measured now' if fresh else 'cached'}: {where}", markup=False)
+    console.print(f"one-token target call: {profile.target_call_seconds * 1000:.1f} ms")
+    if profile.draft_call_seconds is not None:
+        console.print(
+            f"one-token draft call: {profile.draft_call_seconds * 1000:.1f} ms (c = {profile.c:.3f})"
+        )
+    table = Table("k", "k-token target call / one-token call")
+    for k_tokens, ratio in sorted(profile.v.items()):
+        table.add_row(str(k_tokens), f"{ratio:.2f}")
+    console.print(table)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from specmlx.adaptive import AdaptiveK
 from specmlx.cache import Sequence
 from specmlx.drafters.base import Draft, Drafter, Verdict
 from specmlx.sampling import SamplingConfig, draw, warp
@@ -27,6 +28,7 @@ class Step:
     """What one target call produced."""
 
     tokens: tuple[int, ...]  # accepted drafts, then the target's own token (stop-truncated)
+    k: int  # the draft length asked for; 0 is a plain step
     n_drafted: int  # tokens the target verified besides the last one (tree nodes too)
     draft_depth: int  # the longest path the draft offered
     n_accepted: int
@@ -86,11 +88,14 @@ def decode(
     max_tokens: int,
     sampling: SamplingConfig,
     stop_tokens: frozenset[int] = frozenset(),
+    policy: AdaptiveK | None = None,
 ) -> Iterator[Step]:
     """Generate up to `max_tokens` tokens after `context`, one `Step` per target call.
 
-    The target's cache is brought to hold context[:-1] (reusing what it already holds), and
-    after every step it holds everything generated except the newest token.
+    The draft length is `k`, or, with a `policy`, whatever it chooses before each step (0
+    for a plain step). The target's cache is brought to hold context[:-1] (reusing what it
+    already holds), and after every step it holds everything generated except the newest
+    token.
     """
     context = list(context)
     target.sync(context)
@@ -100,8 +105,11 @@ def decode(
     while produced < max_tokens:
         start = time.perf_counter()
         last = context[-1]
-        # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
-        k_step = min(k, max_tokens - produced - 1) if drafter is not None else 0
+        if drafter is None:
+            k_step = 0
+        else:
+            # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
+            k_step = min(policy.choose() if policy else k, max_tokens - produced - 1)
         draft = drafter.propose(context, k_step) if k_step > 0 else None
         if draft is None or draft.size == 0:
             verdict, token = _plain(last, target, sampling)
@@ -114,6 +122,10 @@ def decode(
             target.settle([last, *verdict.accepted], path=[0, *verdict.path])
         if draft is not None:
             drafter.commit(verdict)
+            if policy is not None:
+                policy.observe(
+                    _depth(draft), verdict.n_accepted, draft.size, draft.tree is not None
+                )
 
         emitted = [*verdict.accepted, token]
         finish = None
@@ -127,6 +139,7 @@ def decode(
         context.extend(emitted)
         yield Step(
             tokens=tuple(emitted),
+            k=k_step,
             n_drafted=draft.size if draft is not None else 0,
             draft_depth=_depth(draft),
             n_accepted=verdict.n_accepted,

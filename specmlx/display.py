@@ -28,6 +28,8 @@ def stats_line(stats: Stats, method: str) -> str:
     ]
     if method != "none":
         parts.append(f"acceptance {stats.acceptance_rate:.0%} ({stats.accepted}/{stats.drafted})")
+        if stats.plain_steps:
+            parts.append(f"{stats.plain_steps} plain steps (speculation predicted to lose)")
     parts += [
         f"ttft {stats.time_to_first_token * 1000:.0f} ms",
         f"peak {stats.peak_memory_gb:.2f} GB",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Calibrations and converted GGUFs of the tests stay out of the user's cache.
+os.environ["SPECMLX_CACHE_DIR"] = tempfile.mkdtemp(prefix="specmlx-test-cache-")
 
 from tests.tiny import make_model_dir  # noqa: E402
 

@@ -140,3 +140,31 @@ def test_sampled_speculation_is_reproducible_with_a_seed(llama):
         )
         outs.append(out)
     assert outs[0] == outs[1]
+
+
+def test_adaptive_k_keeps_greedy_output(llama):
+    from specmlx.adaptive import AdaptiveK
+    from specmlx.costs import CostProfile
+
+    target, tokenizer, draft = llama
+    profile = CostProfile(0.01, 0.001, {k: 1 + 0.05 * (k - 1) for k in range(1, 17)})
+    for prompt in PROMPTS[:8]:
+        ids = tokenizer.encode(prompt)
+        plain, _ = run(target, tokenizer, prompt, None, 0)
+        for drafter in (
+            DraftModelDrafter(draft, GREEDY, 320, p_min=0.3),
+            DraftModelDrafter(target, GREEDY, 320, p_min=0.3),
+        ):
+            policy = AdaptiveK(profile, uses_draft_model=True)
+            steps = list(
+                decode(
+                    Sequence(target),
+                    ids,
+                    drafter,
+                    k=0,
+                    max_tokens=24,
+                    sampling=GREEDY,
+                    policy=policy,
+                )
+            )
+            assert [t for s in steps for t in s.tokens] == plain

@@ -19,9 +19,19 @@ from specmlx.sampling import SamplingConfig, sample
 class DraftModelDrafter:
     """Draft with a small model, sampling exactly as the target is sampled."""
 
-    def __init__(self, model: nn.Module, sampling: SamplingConfig, vocab_size: int):
+    def __init__(
+        self,
+        model: nn.Module,
+        sampling: SamplingConfig,
+        vocab_size: int,
+        p_min: float = 0.0,
+    ):
         self.sequence = Sequence(model)
+        self.draft_model = model  # its calls enter the cost model of adaptive k
         self.sampling = sampling
+        # Stop drafting when the draft's own probability of its token falls below p_min
+        # (llama.cpp's p_min); 0 drafts all k. Checking costs a host sync per token.
+        self.p_min = p_min
         # Target vocab: draft logits are padded or cut to it before sampling, so that
         # verification compares the two models over one index space, and the draft samples
         # from exactly the distribution it reports.
@@ -38,6 +48,12 @@ class DraftModelDrafter:
         for i in range(k):
             logits = self._fit_vocab(self.sequence.forward(inputs)[-1])
             token, token_probs = sample(logits, self.sampling)
+            if (
+                i > 0
+                and self.p_min > 0
+                and self._confidence(logits, token, token_probs) < self.p_min
+            ):
+                break
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)
@@ -45,6 +61,12 @@ class DraftModelDrafter:
                 inputs = token[None]
                 mx.async_eval(token)
         return Draft(mx.stack(tokens), mx.stack(probs) if probs else None)
+
+    @staticmethod
+    def _confidence(logits: mx.array, token: mx.array, token_probs: mx.array | None) -> float:
+        if token_probs is None:
+            return mx.softmax(logits.astype(mx.float32)).max().item()
+        return token_probs[token].item()
 
     def commit(self, verdict: Verdict) -> None:
         # The model consumed the first k-1 drafts; the k-th is fed next time if it was kept.
