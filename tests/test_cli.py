@@ -34,7 +34,17 @@ def test_version():
 def test_generate_json_matches_plain(tiny_dirs):
     target, draft = str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"])
     spec = invoke(
-        "generate", "hello", "--target", target, "--draft", draft, "--json", "--max-tokens", "16"
+        "generate",
+        "hello",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--json",
+        "--max-tokens",
+        "16",
+        "-k",
+        "4",
     )
     plain = invoke(
         "generate", "hello", "--target", target, "--method", "none", "--json", "--max-tokens", "16"
@@ -71,9 +81,26 @@ def test_generate_streams_text_and_a_stats_line(tiny_dirs):
         "0.8",
         "--seed",
         "1",
+        "-k",
+        "3",
     )
     assert result.exit_code == 0, result.output
     assert "acceptance 100%" in result.stderr and "tok/s" in result.stderr
+
+
+def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(tiny_dirs):
+    """Tiny draft and target are the same size: speculation can only lose, so auto decodes
+    plainly and says so, with output identical to the target alone."""
+    target, draft = str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"])
+    auto = invoke(
+        "generate", "hi", "--target", target, "--draft", draft, "--json", "--max-tokens", "24"
+    )
+    plain = invoke(
+        "generate", "hi", "--target", target, "--method", "none", "--json", "--max-tokens", "24"
+    )
+    auto_out, plain_out = json.loads(auto.stdout), json.loads(plain.stdout)
+    assert auto_out["token_ids"] == plain_out["token_ids"]
+    assert auto_out["stats"]["plain_steps"] > auto_out["stats"]["target_calls"] / 2
 
 
 def test_chat_scripted(tiny_dirs):
