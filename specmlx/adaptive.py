@@ -31,10 +31,14 @@ class AcceptanceTracker:
     reached: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
 
-    def observe(self, depth: int, n_accepted: int) -> None:
-        """One step that offered `depth` positions and kept the first `n_accepted`."""
+    def age(self) -> None:
+        """One step passed: older evidence weighs less."""
         self.reached = [r * self.decay for r in self.reached]
         self.accepted = [a * self.decay for a in self.accepted]
+
+    def observe(self, depth: int, n_accepted: int) -> None:
+        """One step that offered `depth` positions and kept the first `n_accepted`."""
+        self.age()
         while len(self.reached) < depth:
             self.reached.append(0.0)
             self.accepted.append(0.0)
@@ -74,7 +78,8 @@ class AdaptiveK:
     profile: CostProfile
     uses_draft_model: bool
     max_k: int = 16
-    probe_every: int = 16
+    probe_every: int = 16  # plain steps between probes; doubles while probes keep losing
+    max_probe_every: int = 256
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
     steps_since_probe: int = 0
@@ -92,17 +97,25 @@ class AdaptiveK:
         """The k in 0..max_k with the best prediction."""
         return max(range(self.max_k + 1), key=self.predicted)
 
+    def __post_init__(self) -> None:
+        self._probe_interval = self.probe_every
+
     def choose(self) -> int:
         best = self.best_k()
         if best > 0:
             self.steps_since_probe = 0
+            self._probe_interval = self.probe_every
             return best
         self.steps_since_probe += 1
-        if self.steps_since_probe >= self.probe_every:
-            # A probe: one speculative step keeps the acceptance estimate fresh.
+        if self.steps_since_probe >= self._probe_interval:
+            # A probe: one short speculative step keeps the acceptance estimate fresh. While
+            # probes keep finding speculation a loss they come ever less often, so their
+            # cost fades; the first probe that wins resets the interval.
             self.steps_since_probe = 0
-            return max(range(1, self.max_k + 1), key=self.predicted)
+            self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
+            return max(range(1, min(4, self.max_k) + 1), key=self.predicted)
         self.plain_steps += 1
+        self.tracker.age()  # evidence fades with time, not only with drafts
         return 0
 
     def observe(self, depth: int, n_accepted: int, n_drafted: int, is_tree: bool) -> None:
