@@ -14,6 +14,8 @@ _EXPORTS = {
     "generate": "specmlx.api",
     "stream_generate": "specmlx.api",
     "GenerationConfig": "specmlx.api",
+    "ChatSession": "specmlx.chat",
+    "SamplingConfig": "specmlx.sampling",
     "resolve_model": "specmlx.resolve",
     "convert_gguf": "specmlx.convert",
     "SpecmlxError": "specmlx.errors",

@@ -299,7 +299,8 @@ def chat(
     """Chat with the target; /reset, /stats, /quit. Ctrl-C stops the current reply."""
     from rich.console import Console
 
-    from specmlx.api import ChatSession, GenerationConfig, method_of
+    from specmlx.api import GenerationConfig, method_of
+    from specmlx.chat import ChatSession
     from specmlx.display import live, render, stats_line
     from specmlx.sampling import SamplingConfig
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import specmlx
-from specmlx.api import ChatSession, GenerationConfig, encode_prompt
+from specmlx.api import GenerationConfig, encode_prompt
+from specmlx.chat import ChatSession
 
 CONFIG = GenerationConfig(method="draft", k=3, max_tokens=12)
 
