@@ -21,16 +21,18 @@ from pathlib import Path
 import numpy as np
 
 from specmlx.errors import SpecmlxError, UsageError
+from specmlx.gguf_tensors import ArchSpec, GGUFFile
 
 DTYPES = ("float32", "bfloat16", "float16")
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 
 
-def _config(meta: dict, spec, reader) -> dict:
+def _config(gguf: GGUFFile, spec: ArchSpec) -> dict:
     """The mlx-lm config.json for this file, from its metadata and tensor table."""
     from specmlx.gguf_tokenizer import stop_token_ids
 
+    meta = gguf.meta
     arch = meta["general.architecture"]
 
     def get(key: str, default: object = None) -> object:
@@ -39,8 +41,10 @@ def _config(meta: dict, spec, reader) -> dict:
             raise SpecmlxError(f"the GGUF metadata has no {arch}.{key}")
         return value
 
-    names = {t.name for t in reader.tensors}
-    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    names = {t.name for t in gguf.tensors}
+    embed = next((t for t in gguf.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise SpecmlxError(f"{gguf.path} has no token_embd.weight tensor")
     n_head = int(get("attention.head_count"))
     config: dict = {
         "model_type": spec.model_type,
@@ -51,10 +55,11 @@ def _config(meta: dict, spec, reader) -> dict:
         "num_key_value_heads": int(get("attention.head_count_kv", n_head)),
         "rms_norm_eps": _float32(get("attention.layer_norm_rms_epsilon")),
         "rope_theta": _float32(get("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(get("context_length")),
-        "vocab_size": int(embed.shape[1]),  # ggml order: (hidden, vocab)
+        "vocab_size": embed.shape[0],
         "tie_word_embeddings": "output.weight" not in names,
     }
+    if f"{arch}.context_length" in meta:
+        config["max_position_embeddings"] = int(meta[f"{arch}.context_length"])
     if f"{arch}.attention.key_length" in meta:
         config["head_dim"] = int(meta[f"{arch}.attention.key_length"])
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
@@ -101,7 +106,7 @@ def _swa_pattern(pattern: object, n_layers: int) -> int:
 
 def _check_options(dtype: str, quantize: int | None, group_size: int) -> None:
     if dtype not in DTYPES:
-        raise UsageError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if quantize is not None and quantize not in BITS:
         raise UsageError(f"--quantize must be 4 or 8, not {quantize}")
     if group_size not in GROUP_SIZES:
@@ -117,24 +122,23 @@ def _write(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from specmlx.gguf_tensors import architecture, check_tensors, open_gguf, read_metadata, weights
+    from specmlx.gguf_tensors import architecture, check_tensors, open_gguf, weights
     from specmlx.gguf_tokenizer import build_tokenizer
 
-    reader = open_gguf(src)
-    meta = read_metadata(reader)
-    spec = architecture(meta, src)
-    check_tensors(reader, spec, src)
-    config = _config(meta, spec, reader)
-    tokenizer, tokenizer_config = build_tokenizer(meta)
+    gguf = open_gguf(src)
+    spec = architecture(gguf)
+    check_tensors(gguf, spec)
+    config = _config(gguf, spec)
+    tokenizer, tokenizer_config = build_tokenizer(gguf.meta)
 
     target = getattr(mx, dtype)
     converted: dict[str, mx.array] = {}
     columns = (TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     console = Console(stderr=True)
     with Progress(*columns, console=console, disable=not progress, transient=True) as bar:
-        task = bar.add_task("tensors", total=len(reader.tensors))
+        task = bar.add_task("tensors", total=len(gguf.tensors))
         n_head, n_kv = config["num_attention_heads"], config["num_key_value_heads"]
-        for name, values in weights(reader, spec, n_head, n_kv):
+        for name, values in weights(gguf, spec, n_head, n_kv):
             array = mx.array(values).astype(target)
             mx.eval(array)  # materialize now, so the float32 numpy copy can go
             converted[name] = array
@@ -213,7 +217,11 @@ def convert_gguf(
         if out.exists() or out.is_symlink():
             old = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.old"
             out.rename(old)
-            tmp.rename(out)
+            try:
+                tmp.rename(out)
+            except BaseException:
+                old.rename(out)  # put the previous folder back
+                raise
             _remove(old)
         else:
             tmp.rename(out)

@@ -2,21 +2,24 @@
 
 GGUF stores every tensor under llama.cpp's names, in ggml's dimension order (fastest first,
 the reverse of numpy's), often quantized in blocks, and sometimes rearranged for llama.cpp's
-kernels. This module undoes all of that, one tensor at a time: `open_gguf` checks the file,
-`read_metadata` turns its key/value section into plain Python values, and `weights` yields
-`(mlx-lm name, float32 numpy array)` pairs in the layout the HF checkpoint had. gguf-py's
-numpy dequantization is both the implementation and the reference.
+kernels. This module undoes all of that, one tensor at a time: `open_gguf` checks and parses the
+file (metadata as plain Python values, tensor table), and `weights` yields
+`(mlx-lm name, float32 numpy array)` pairs in the layout the HF checkpoint had.
+
+The header is parsed here, not by gguf-py's GGUFReader, which spends half a minute on a 262k-token
+vocabulary. Tensor data is dequantized by gguf-py's numpy code, which is also the test reference.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.gguf_reader import ReaderField, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from specmlx.errors import SpecmlxError
@@ -65,58 +68,138 @@ _BLOCK = {
 }
 
 
-def open_gguf(path: Path) -> GGUFReader:
-    """A reader over `path`, or a one-line SpecmlxError saying what is wrong with the file."""
+class _Corrupt(Exception):
+    """The header does not parse; the message says where."""
+
+
+# GGUF metadata value types: the fixed-size ones as numpy dtypes; 8 is a string, 9 an array.
+_VALUE_DTYPES = {
+    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
+    10: "<u8", 11: "<i8", 12: "<f8",
+}  # fmt: skip
+
+
+class _Cursor:
+    """Reads the header sequentially, refusing to run past the end of the file."""
+
+    def __init__(self, buffer: mmap.mmap) -> None:
+        self.buffer, self.pos = buffer, 0
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or self.pos + n > len(self.buffer):
+            raise _Corrupt(f"the header runs past the end of the file at byte {self.pos}")
+        self.pos += n
+        return self.buffer[self.pos - n : self.pos]
+
+    def number(self, kind: int) -> int | float | bool:
+        dtype = np.dtype(_VALUE_DTYPES[kind])
+        return np.frombuffer(self.take(dtype.itemsize), dtype)[0].item()
+
+    def string(self) -> str:
+        return self.take(int(self.number(10))).decode("utf-8", errors="replace")
+
+    def value(self, kind: int) -> object:
+        if kind == 8:
+            return self.string()
+        if kind == 9:
+            inner, count = int(self.number(4)), int(self.number(10))
+            if inner in _VALUE_DTYPES:
+                dtype = np.dtype(_VALUE_DTYPES[inner])
+                return np.frombuffer(self.take(count * dtype.itemsize), dtype).tolist()
+            return [self.value(inner) for _ in range(count)]
+        if kind in _VALUE_DTYPES:
+            return self.number(kind)
+        raise _Corrupt(f"unknown metadata value type {kind} at byte {self.pos}")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives in the file."""
+
+    name: str
+    type_id: int  # ggml type
+    shape: tuple[int, ...]  # numpy order: ggml's ne reversed
+    offset: int  # from the start of the file
+    nbytes: int  # -1 for a type gguf-py does not know
+
+    @property
+    def type_name(self) -> str:
+        known = self.type_id in Q._value2member_map_
+        return Q(self.type_id).name if known else f"unknown type {self.type_id}"
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """A parsed GGUF header over the memory-mapped file; tensor data is read on demand."""
+
+    path: Path
+    meta: dict[str, object]
+    tensors: list[TensorInfo]
+    buffer: mmap.mmap
+
+
+def _parse(path: Path, buffer: mmap.mmap) -> GGUFFile:
+    cursor = _Cursor(buffer)
+    cursor.take(4)  # magic, checked by the caller
+    version = cursor.number(4)
+    if version not in (2, 3):
+        raise _Corrupt(f"GGUF version {version} is not 2 or 3")
+    n_tensors, n_meta = cursor.number(10), cursor.number(10)
+    meta = {}
+    for _ in range(int(n_meta)):
+        key = cursor.string()
+        meta[key] = cursor.value(int(cursor.number(4)))
+    entries = []
+    for _ in range(int(n_tensors)):
+        name = cursor.string()
+        dims = [int(cursor.number(10)) for _ in range(int(cursor.number(4)))]
+        entries.append((name, int(cursor.number(4)), tuple(reversed(dims)), cursor.number(10)))
+    align = int(meta.get("general.alignment", 32))  # type: ignore[call-overload]
+    data_start = -(-cursor.pos // align) * align
+    tensors = []
+    for name, type_id, shape, offset in entries:
+        nbytes = -1
+        if type_id in Q._value2member_map_ and Q(type_id) in GGML_QUANT_SIZES:
+            block, size = GGML_QUANT_SIZES[Q(type_id)]
+            nbytes = math.prod(shape) // block * size
+        tensors.append(TensorInfo(name, type_id, shape, data_start + int(offset), nbytes))
+    return GGUFFile(path, meta, tensors, buffer)
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    """The parsed header of `path`, or a one-line SpecmlxError saying what is wrong with it."""
     if not path.exists():
         raise SpecmlxError(f"{path}: no such file")
     if not path.is_file():
         raise SpecmlxError(f"{path} is not a file")
     with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise SpecmlxError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF')")
+        if f.read(4) != b"GGUF":
+            raise SpecmlxError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # gguf-py raises whatever numpy hits first on a damaged file
+        gguf = _parse(path, buffer)
+    except (_Corrupt, ValueError, OverflowError, MemoryError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise SpecmlxError(f"{path} is a truncated or corrupt GGUF file ({reason})") from None
-    size = path.stat().st_size
-    for tensor in reader.tensors:
-        end = int(tensor.data_offset) + int(tensor.n_bytes)
-        if end > size:
+    for tensor in gguf.tensors:
+        end = tensor.offset + max(tensor.nbytes, 0)
+        if end > len(buffer):
             raise SpecmlxError(
-                f"{path} is truncated: tensor {tensor.name} ends at byte {end}, the file has {size}"
+                f"{path} is truncated: tensor {tensor.name} ends at byte {end}, "
+                f"the file has {len(buffer)}"
             )
-    return reader
+    return gguf
 
 
-def _field_value(field: ReaderField) -> object:
-    """One metadata value as plain Python: str, int, float, bool, or a list of them."""
-    kind = field.types[0]
-    if kind == GGUFValueType.ARRAY:
-        if field.types[-1] == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        if field.types[-1] == GGUFValueType.ARRAY or not field.data:
-            return []
-        return np.concatenate([field.parts[i] for i in field.data]).tolist()
-    if kind == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]].tolist()[0]
-
-
-def read_metadata(reader: GGUFReader) -> dict[str, object]:
-    """The key/value section, without gguf-py's own `GGUF.*` bookkeeping entries."""
-    return {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-
-
-def architecture(meta: dict[str, object], path: Path) -> ArchSpec:
+def architecture(gguf: GGUFFile) -> ArchSpec:
     """The spec for the file's `general.architecture`, or an error naming it."""
-    arch = meta.get("general.architecture")
+    arch = gguf.meta.get("general.architecture")
     if arch is None:
-        raise SpecmlxError(f"{path} has no general.architecture in its metadata")
+        raise SpecmlxError(f"{gguf.path} has no general.architecture in its metadata")
     if arch not in ARCHS:
+        supported = ", ".join(ARCHS)
         raise SpecmlxError(
-            f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})"
+            f"{gguf.path}: architecture {arch!r} is not supported (supported: {supported})"
         )
     return ARCHS[str(arch)]
 
@@ -135,29 +218,29 @@ def mlx_name(gguf_name: str, spec: ArchSpec) -> str | None:
     return f"model.layers.{parts[1]}.{role}.{kind}" if role else None
 
 
-def check_tensors(reader: GGUFReader, spec: ArchSpec, path: Path) -> None:
+def check_tensors(gguf: GGUFFile, spec: ArchSpec) -> None:
     """Fail before any work on a tensor we could not convert: unknown name or type."""
-    for tensor in reader.tensors:
+    supported = {int(t) for t in SUPPORTED_TYPES}
+    for tensor in gguf.tensors:
         if mlx_name(tensor.name, spec) is None:
             raise SpecmlxError(
-                f"{path}: tensor {tensor.name} has no counterpart in an mlx-lm {spec.model_type} model"
+                f"{gguf.path}: tensor {tensor.name} has no counterpart in an mlx-lm "
+                f"{spec.model_type} model"
             )
-        if tensor.tensor_type not in SUPPORTED_TYPES:
+        if tensor.type_id not in supported:
             names = ", ".join(t.name for t in SUPPORTED_TYPES)
             raise SpecmlxError(
-                f"{path}: tensor {tensor.name} has type {tensor.tensor_type.name}, "
+                f"{gguf.path}: tensor {tensor.name} has type {tensor.type_name}, "
                 f"which specmlx cannot convert (supported: {names})"
             )
 
 
-def dequantized(tensor: ReaderTensor) -> np.ndarray:
-    """The tensor as float32, in numpy dimension order (ggml's `ne` reversed)."""
-    shape = tuple(int(n) for n in reversed(tensor.shape))
-    if tensor.tensor_type == Q.F32:
-        values = np.asarray(tensor.data, dtype=np.float32)
-    else:
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-    return values.reshape(shape)
+def dequantized(gguf: GGUFFile, tensor: TensorInfo) -> np.ndarray:
+    """The tensor as float32, in numpy dimension order."""
+    raw = np.frombuffer(gguf.buffer, np.uint8, tensor.nbytes, tensor.offset)
+    rows = raw.reshape(-1, tensor.nbytes // max(math.prod(tensor.shape[:-1]), 1))
+    values = dequantize(rows, Q(tensor.type_id)).astype(np.float32, copy=False)
+    return values.reshape(tensor.shape)
 
 
 def unpermute(rows: np.ndarray, n_head: int) -> np.ndarray:
@@ -186,10 +269,10 @@ def to_hf_layout(
 
 
 def weights(
-    reader: GGUFReader, spec: ArchSpec, n_head: int, n_kv_head: int
+    gguf: GGUFFile, spec: ArchSpec, n_head: int, n_kv_head: int
 ) -> Iterator[tuple[str, np.ndarray]]:
     """`(mlx-lm name, float32 array)` for every tensor, one at a time, in file order."""
-    for tensor in reader.tensors:
+    for tensor in gguf.tensors:
         name = mlx_name(tensor.name, spec)
         assert name is not None  # check_tensors ran first
-        yield name, to_hf_layout(name, dequantized(tensor), spec, n_head, n_kv_head)
+        yield name, to_hf_layout(name, dequantized(gguf, tensor), spec, n_head, n_kv_head)

@@ -141,9 +141,17 @@ def tiny_vocab(folder: Path) -> tuple[list[str], list[int], list[str]]:
 
 
 def write_gguf(
-    path: Path, arch: str = "llama", types=MIXED, seed: int = 0, gguf_arch: str | None = None
+    path: Path,
+    arch: str = "llama",
+    types=MIXED,
+    seed: int = 0,
+    gguf_arch: str | None = None,
+    pre: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """A tiny GGUF of `arch`, tensor types cycling through `types`; returns the HF weights."""
+    """A tiny GGUF of `arch`, tensor types cycling through `types`; returns the HF weights.
+
+    The tokenizer was trained with GPT-2's split, so its pre-tokenizer is "gpt2" unless `pre`.
+    """
     tokens, token_types, merges = tiny_vocab(path.parent / f"{path.stem}-tok")
     weights = hf_weights(arch, len(tokens), seed)
     cfg = CONFIGS[arch]
@@ -162,7 +170,7 @@ def write_gguf(
         writer.add_sliding_window(cfg["sliding_window"])
         writer.add_sliding_window_pattern([True, True, False])
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "smollm")
+    writer.add_tokenizer_pre(pre or ("qwen2" if arch == "qwen2" else "gpt2"))
     writer.add_token_list(tokens)
     writer.add_token_types(token_types)
     writer.add_token_merges(merges)
@@ -427,7 +435,10 @@ ALIASES = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-2
 
 def gguf_path(alias: str) -> Path | None:
     """models/gguf/<alias>.gguf in the repo, else $SPECMLX_GGUF_DIR/<alias>.gguf."""
-    for folder in (REPO / "models" / "gguf", Path(os.environ.get("SPECMLX_GGUF_DIR", "/nonexistent"))):
+    for folder in (
+        REPO / "models" / "gguf",
+        Path(os.environ.get("SPECMLX_GGUF_DIR", "/nonexistent")),
+    ):
         if (folder / f"{alias}.gguf").is_file():
             return folder / f"{alias}.gguf"
     return None
