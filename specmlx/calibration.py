@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten
 
 from specmlx.costs import CostProfile, measure_costs
 
-CALIBRATION_KS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 def _model_key(model: nn.Module | None, path: Path | None) -> dict[str, Any] | None:

@@ -353,16 +353,9 @@ def chat(
         console.print()
 
 
-def _parse_ks(values: list[str]) -> list[int]:
-    """`-k 2 -k 4` or `--k 2,4` (or both) as a list of ints."""
-    ks = []
-    for value in values:
-        for part in value.split(","):
-            try:
-                ks.append(int(part))
-            except ValueError:
-                raise UsageError(f"-k takes integers, got {part!r}") from None
-    return ks
+def _parse_ks(values: list[str]) -> list[int | None]:
+    """`-k 2 -k 4` or `--k 2,4,auto` (or both); auto is None."""
+    return [_parse_k(part) for value in values for part in value.split(",")]
 
 
 @app.command()
@@ -461,7 +454,7 @@ def bench(
 
     err = Console(stderr=True)
     with err.status("loading models…"):
-        models = load(target, draft if needs_draft else None)
+        models = load(target, draft if needs_draft else None, default_draft=needs_draft)
     with err.status("measuring bandwidth and call costs…"):
         env = environment(models, bandwidth_gb)
         ks = {1} | {r.k + 1 for r in rows if r.k}

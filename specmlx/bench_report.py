@@ -1,0 +1,210 @@
+"""Render a benchmark report: the Rich header and table, JSON, CSV, Markdown and a plot.
+
+Nothing here measures anything. Files are written atomically (a temporary file in the same
+folder, then a rename), so an interrupted run never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from specmlx.errors import UsageError
+
+CSV_FIELDS = (
+    "temperature",
+    "suite",
+    "row",
+    "method",
+    "k",
+    "prompts",
+    "runs",
+    "tokens",
+    "tokens_per_sec",
+    "tokens_per_sec_aggregate",
+    "speedup_vs_none",
+    "speedup_vs_mlx_lm",
+    "predicted_speedup",
+    "alpha",
+    "acceptance_rate",
+    "tokens_per_call",
+    "time_to_first_token",
+    "peak_memory_gb",
+    "matched",
+)
+COLUMNS = (
+    ("T", "temperature", "{:g}"),
+    ("suite", "suite", "{}"),
+    ("row", "row", "{}"),
+    ("tok/s", "tokens_per_sec", "{:.2f}"),
+    ("agg tok/s", "tokens_per_sec_aggregate", "{:.2f}"),
+    ("× none", "speedup_vs_none", "{:.2f}"),
+    ("× mlx-lm", "speedup_vs_mlx_lm", "{:.2f}"),
+    ("predicted", "predicted_speedup", "{:.2f}"),
+    ("α", "alpha", "{:.2f}"),
+    ("accept", "acceptance_rate", "{:.0%}"),
+    ("tok/call", "tokens_per_call", "{:.2f}"),
+    ("ttft s", "time_to_first_token", "{:.2f}"),
+    ("peak GB", "peak_memory_gb", "{:.2f}"),
+    ("matched", "matched", "{}"),
+)
+
+
+def header_lines(report: dict[str, Any]) -> list[str]:
+    """The environment, one fact per line."""
+    env, costs = report["environment"], report.get("costs")
+    lines = [
+        f"specmlx {env['specmlx']} · mlx {env['mlx']} · mlx-lm {env['mlx_lm']} · "
+        f"python {env['python']}",
+        f"device {env['device']} ({env['backend']}) · {env['cpu']} × {env['cpu_count']} · "
+        f"BLAS {env['blas']}",
+    ]
+    for role in ("target", "draft"):
+        info = env.get(role)
+        if info:
+            quant = info["quantization"] or "not quantized"
+            lines.append(
+                f"{role} {info['path']}: {info['parameters'] / 1e9:.2f}B params, "
+                f"{info['dtype']}, {quant}, {info['bytes'] / 1e9:.2f} GB"
+            )
+    lines.append(
+        f"bandwidth {env['bandwidth_gb_s']:.1f} GB/s · {env['bytes_per_target_call'] / 1e9:.2f} "
+        f"GB per target call · roofline {env['roofline_tokens_per_sec']:.2f} tok/s"
+    )
+    if costs:
+        v = ", ".join(f"v({k})={r:.2f}" for k, r in costs["v"].items())
+        lines.append(
+            f"costs: target call {costs['target_call_seconds'] * 1000:.0f} ms, c={costs['c']:.3f}, {v}"
+        )
+    return lines
+
+
+def render(report: dict[str, Any]) -> Group:
+    """The header and the table as one Rich renderable."""
+    table = Table(
+        title="specmlx bench: decode tok/s; speedups are medians of per-prompt ratios",
+        caption="accept: ours, accepted / drafted; mlx-lm, share of its tokens from the draft. "
+        "α: Leviathan's per-token acceptance fitted to tok/call; predicted: his speedup at "
+        "that α with the measured c and v. matched: T=0 output equals the target alone's, "
+        "token for token, on every prompt.",
+    )
+    for title, _, _ in COLUMNS:
+        table.add_column(title, justify="left" if title in ("suite", "row") else "right")
+    previous = None
+    for line in report["summary"]:
+        group = (line["temperature"], line["suite"])
+        if previous is not None and group != previous:
+            table.add_section()
+        previous = group
+        table.add_row(*(_cell(line[key], fmt) for _, key, fmt in COLUMNS))
+    return Group(Text("\n".join(header_lines(report)), style="dim"), table)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The header and the table as Markdown, for results/ and the README."""
+    lines = [f"- {line}" for line in header_lines(report)] + [""]
+    lines.append("| " + " | ".join(title for title, _, _ in COLUMNS) + " |")
+    lines.append("|" + "---|" * len(COLUMNS))
+    for line in report["summary"]:
+        lines.append("| " + " | ".join(_cell(line[key], fmt) for _, key, fmt in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return fmt.format(value)
+
+
+def to_json(report: dict[str, Any]) -> str:
+    return json.dumps(report, indent=1) + "\n"
+
+
+def to_csv(report: dict[str, Any]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for line in report["summary"]:
+        writer.writerow({key: "" if line[key] is None else line[key] for key in CSV_FIELDS})
+    return out.getvalue()
+
+
+def require_matplotlib() -> None:
+    """Fail before any work when a plot is asked for and matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'specmlx[plot]'") from None
+
+
+def check_writable(path: Path) -> None:
+    """Fail before any work when an output can't be written."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or path.is_dir():
+        raise UsageError(f"cannot write {path}")
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write through a temporary file in the same folder and rename it into place."""
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an ordinary file would not be
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def plot_png(report: dict[str, Any]) -> bytes:
+    """Speedup over the target alone and fitted α, per row and suite, a column per T."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temperatures = report["config"]["temperatures"]
+    fig, axes = plt.subplots(
+        2, len(temperatures), figsize=(6 * len(temperatures), 7), squeeze=False
+    )
+    for col, temperature in enumerate(temperatures):
+        lines = [s for s in report["summary"] if s["temperature"] == temperature]
+        suites = list(dict.fromkeys(s["suite"] for s in lines))
+        rows = [r for r in dict.fromkeys(s["row"] for s in lines) if r != "none"]
+        width = 0.8 / max(len(rows), 1)
+        # α, not the acceptance column: it is defined alike for every row, mlx-lm included.
+        for metric, ax in zip(("speedup_vs_none", "alpha"), axes[:, col], strict=True):
+            for i, row in enumerate(rows):
+                values = {s["suite"]: s[metric] for s in lines if s["row"] == row}
+                xs = [j + i * width for j in range(len(suites))]
+                ax.bar(xs, [values.get(s) or 0 for s in suites], width, label=row)
+            ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(suites))], suites)
+            title = "speedup vs none" if metric == "speedup_vs_none" else "α (fitted acceptance)"
+            ax.set_title(f"{title}, T={temperature:g}")
+            if metric == "speedup_vs_none":
+                ax.axhline(1.0, color="gray", linewidth=0.8)
+            else:
+                ax.set_ylim(0, 1)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=110)
+    plt.close(fig)
+    return out.getvalue()

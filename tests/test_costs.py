@@ -1,0 +1,120 @@
+"""The cost model: Leviathan's formulas against hand-computed values, and the measurement."""
+
+from __future__ import annotations
+
+import pytest
+
+from specmlx.costs import (
+    CostProfile,
+    acceptance_from_tokens,
+    expected_tokens,
+    measure_costs,
+    predicted_speedup,
+    step_cost,
+)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "gamma", "expected"),
+    [
+        (0.5, 2, 1.75),  # (1 - 0.5^3) / 0.5
+        (0.8, 4, 3.3616),  # (1 - 0.8^5) / 0.2 = 0.67232 / 0.2
+        (0.6, 1, 1.6),  # (1 - 0.36) / 0.4
+        (0.0, 5, 1.0),  # nothing accepted: the target's own token only
+        (1.0, 4, 5.0),  # everything accepted: γ + 1
+    ],
+)
+def test_expected_tokens(alpha: float, gamma: int, expected: float) -> None:
+    assert expected_tokens(alpha, gamma) == pytest.approx(expected)
+
+
+def test_expected_tokens_is_continuous_at_one() -> None:
+    assert expected_tokens(1 - 1e-9, 3) == pytest.approx(4.0, rel=1e-6)
+
+
+def test_expected_tokens_rejects_a_probability_out_of_range() -> None:
+    with pytest.raises(ValueError):
+        expected_tokens(1.5, 2)
+
+
+def test_step_cost_and_speedup() -> None:
+    assert step_cost(4, 0.1, 1.2) == pytest.approx(1.6)  # 4 · 0.1 + 1.2
+    # 3.3616 / 1.6
+    assert predicted_speedup(0.8, 4, 0.1, 1.2) == pytest.approx(2.101)
+    # Leviathan's memory-bound ideal (c = 0, v = 1): the speedup is E itself.
+    assert predicted_speedup(0.8, 4, 0.0, 1.0) == pytest.approx(3.3616)
+    # A draft as slow as the target, accepting nothing: 1 / (2·1 + 1).
+    assert predicted_speedup(0.0, 2, 1.0, 1.0) == pytest.approx(1 / 3)
+
+
+def test_profile_ratios_and_interpolation() -> None:
+    profile = CostProfile(
+        target_call_seconds=0.5, draft_call_seconds=0.05, v={1: 1.0, 3: 1.2, 5: 1.6}
+    )
+    assert profile.c == pytest.approx(0.1)
+    assert profile.verify_cost(3) == pytest.approx(1.2)
+    assert profile.verify_cost(4) == pytest.approx(1.4)  # halfway between v(3) and v(5)
+    assert profile.verify_cost(7) == pytest.approx(2.0)  # the last slope, 0.2 per token
+    # α = 0.8, γ = 4: 3.3616 / (4 · 0.1 + v(5) = 1.6) = 3.3616 / 2.0
+    assert profile.speedup(0.8, 4) == pytest.approx(1.6808)
+    # A draft-free method pays no c: 3.3616 / 1.6
+    assert profile.speedup(0.8, 4, uses_draft_model=False) == pytest.approx(2.101)
+    assert profile.as_dict()["v"] == {"1": 1.0, "3": 1.2, "5": 1.6}
+
+
+def test_profile_without_draft_has_no_draft_cost() -> None:
+    profile = CostProfile(target_call_seconds=0.5, draft_call_seconds=None, v={1: 1.0})
+    assert profile.c == 0.0
+    assert profile.verify_cost(8) == 1.0
+
+
+def test_best_gamma() -> None:
+    # Free drafts and flat verification: always draft the most.
+    flat = CostProfile(1.0, None, {1: 1.0, 17: 1.0})
+    assert flat.best_gamma(0.9, max_gamma=16, uses_draft_model=False) == 16
+    # Expensive drafts and poor acceptance: the shortest draft wins.
+    dear = CostProfile(1.0, 0.5, {1: 1.0, 17: 1.0})
+    assert dear.best_gamma(0.3) == 1
+    # Hand-computed for α = 0.8, c = 0.1, v = 1: γ = 5 gives 3.68928 / 1.5 = 2.4595,
+    # γ = 6 gives 3.951424 / 1.6 = 2.4696, γ = 7 gives 4.16114 / 1.7 = 2.4477.
+    middle = CostProfile(1.0, 0.1, {1: 1.0, 17: 1.0})
+    assert middle.best_gamma(0.8) == 6
+    assert middle.speedup(0.8, 6) == pytest.approx(2.46964)
+
+
+def test_measure_costs_on_a_tiny_pair(tiny_dirs) -> None:
+    from mlx_lm import load
+
+    target, _ = load(str(tiny_dirs["llama"]))
+    draft, _ = load(str(tiny_dirs["llama-draft"]))
+    profile = measure_costs(target, draft, ks=[2, 5], reps=2, context=8)
+    assert sorted(profile.v) == [1, 2, 5]
+    assert profile.v[1] == 1.0
+    assert profile.target_call_seconds > 0 and profile.draft_call_seconds > 0
+    assert profile.c > 0
+
+
+def test_measured_calls_leave_the_cache_as_they_found_it(tiny_dirs) -> None:
+    from mlx_lm import load
+
+    from specmlx.costs import _prefilled, _time_call
+
+    model, _ = load(str(tiny_dirs["llama"]))
+    sequence = _prefilled(model, 8)
+    offsets = [c.offset for c in sequence.cache]
+    _time_call(sequence, 5)
+    assert [c.offset for c in sequence.cache] == offsets
+    assert len(sequence.tokens) == 8 and sequence.n_unconfirmed == 0
+
+
+@pytest.mark.parametrize(("alpha", "gamma"), [(0.5, 2), (0.8, 4), (0.6, 1), (0.95, 8)])
+def test_acceptance_from_tokens_inverts_expected_tokens(alpha: float, gamma: int) -> None:
+    assert acceptance_from_tokens(expected_tokens(alpha, gamma), gamma) == pytest.approx(alpha)
+
+
+def test_acceptance_from_tokens_by_hand() -> None:
+    assert acceptance_from_tokens(1.75, 2) == pytest.approx(0.5)  # (1 - 0.5^3) / 0.5 = 1.75
+    assert acceptance_from_tokens(1.0, 4) == 0.0  # never accepted
+    assert acceptance_from_tokens(5.0, 4) == 1.0  # always all γ + 1
+    # accepted/drafted is not α: at α = 0.8, γ = 4 a step accepts E - 1 = 2.3616 of 4 drafts.
+    assert (expected_tokens(0.8, 4) - 1) / 4 == pytest.approx(0.5904)
