@@ -371,11 +371,12 @@ def bench(
     ] = None,
     limit: Annotated[int | None, typer.Option(help="At most this many prompts per suite.")] = None,
     method: Annotated[
-        list[str] | None, typer.Option(help="Drafting method to compare (repeatable; draft).")
+        list[str] | None,
+        typer.Option(help="Method to compare: draft, ngram or lookahead (repeatable)."),
     ] = None,
     k: Annotated[
         list[str] | None,
-        typer.Option("-k", "--k", help="Tokens drafted per step: -k 2 -k 4 or 2,4."),
+        typer.Option("-k", "--k", help="Draft lengths: -k 2 -k 4 or 2,4,auto."),
     ] = None,
     mlx_lm: Annotated[
         bool, typer.Option(help="Add mlx-lm's speculative decoding at each k, as reference.")
@@ -449,7 +450,7 @@ def bench(
     from specmlx.api import load
     from specmlx.bench import run
     from specmlx.bench_summary import build_report
-    from specmlx.costs import measure_costs
+    from specmlx.calibration import load_or_measure
     from specmlx.envinfo import environment
 
     err = Console(stderr=True)
@@ -457,8 +458,9 @@ def bench(
         models = load(target, draft if needs_draft else None, default_draft=needs_draft)
     with err.status("measuring bandwidth and call costs…"):
         env = environment(models, bandwidth_gb)
-        ks = {1} | {r.k + 1 for r in rows if r.k}
-        profile = measure_costs(models.target, models.draft, ks, reps=3) if costs else None
+        # The same calibration adaptive k uses (measured once per device and pair, cached).
+        with_draft = models.draft is not None
+        profile = load_or_measure(models, with_draft)[0] if costs else None
     measurements = []
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as progress:
