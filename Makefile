@@ -25,8 +25,8 @@ bench-draft-free: models openblas
 # Adaptive k where verification is expensive: the stock BLAS, no preload.
 bench-stock-blas: models
 	mkdir -p results
-	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 --temp 1.0 \
-		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 32 $(call BENCH_OUT,bench-stock-blas)
+	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
+		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 $(call BENCH_OUT,bench-stock-blas)
 
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
@@ -89,8 +89,8 @@ bench-draft-free: models openblas
 # Adaptive k where verification is expensive: the stock BLAS, no preload.
 bench-stock-blas: models
 	mkdir -p results
-	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 --temp 1.0 \
-		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 32 $(call BENCH_OUT,bench-stock-blas)
+	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
+		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 $(call BENCH_OUT,bench-stock-blas)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:
