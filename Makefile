@@ -62,8 +62,8 @@ format: install
 models: install
 	$(SPECMLX) fetch
 
-demo: models
-	$(SPECMLX) generate "Write a Python function that checks whether a number is prime." --max-tokens 96
+demo: models openblas
+	$(PRELOAD) $(SPECMLX) generate "Write a Python function that checks whether a number is prime." --max-tokens 96
 
 # The benchmarks write results/<name>-<date>.{json,csv,md}. Regimes: OpenBLAS preloaded with
 # fp32 weights is memory-bound (as Apple GPUs are); the stock BLAS is not (see README).

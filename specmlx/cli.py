@@ -201,14 +201,23 @@ def _load(target: str | None, draft: str | None, config):
     """Check the options against each other, then load the models (spinner on stderr)."""
     from rich.console import Console
 
-    from specmlx.api import load
+    from specmlx.api import load, method_of
 
     if config.method == "draft" and draft is None and target is not None:
         raise UsageError("--method draft needs a draft model (--draft)")
     if config.method not in (None, "draft") and draft is not None:
         raise UsageError(f"--draft is not used by --method {config.method}")
-    with Console(stderr=True).status("loading models…"):
-        return load(target, draft, default_draft=config.method in (None, "draft"))
+    err = Console(stderr=True)
+    with err.status("loading models…"):
+        models = load(target, draft, default_draft=config.method in (None, "draft"))
+    if config.k is None and method_of(models, config) != "none":
+        from specmlx.calibration import load_or_measure
+
+        # Adaptive k needs this device's call costs: measured once, then read from the cache.
+        with_draft = method_of(models, config) == "draft"
+        with err.status("calibrating call costs for adaptive k (once per device and pair)…"):
+            load_or_measure(models, with_draft)
+    return models
 
 
 @app.command()
