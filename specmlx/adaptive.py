@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 from specmlx.costs import CostProfile
 
-PRIOR_RATE = 0.6  # optimistic start: speculate until the data says otherwise
-PRIOR_WEIGHT = 1.0
+# The start: speculate until the data says otherwise, and let no single rejection decide.
+PRIOR_RATE = 0.7
+PRIOR_WEIGHT = 4.0
 
 
 @dataclass
@@ -92,6 +93,18 @@ class AdaptiveK:
         c = self.profile.c if self.uses_draft_model else 0.0
         n_tokens = self.tree_size if self.tree_size is not None else k + 1
         return self.tracker.expected_tokens(k) / (k * c + self.profile.verify_cost(n_tokens))
+
+    def p_min(self) -> float:
+        """Draft confidence below which one more draft token is predicted not to pay.
+
+        A draft token costs one draft call and one more verified token, and saves about one
+        target call when it is accepted; the draft's own probability stands in for the
+        chance it is accepted.
+        """
+        if not self.uses_draft_model:
+            return 0.0
+        marginal_verify = (self.profile.verify_cost(17) - 1.0) / 16
+        return min(0.9, self.profile.c + max(marginal_verify, 0.0))
 
     def best_k(self) -> int:
         """The k in 0..max_k with the best prediction."""

@@ -47,7 +47,7 @@ class GenerationConfig:
     window: int = 5  # lookahead W: Jacobi window columns
     ngram_size: int = 4  # lookahead N: n-gram length
     guesses: int = 5  # lookahead G: candidates verified per step
-    p_min: float = 0.6  # adaptive k: stop drafting below this draft confidence
+    p_min: float | None = None  # adaptive k: stop drafting below this; None derives it from costs
     max_k: int = 16  # adaptive k: the longest draft it may choose
 
     def __post_init__(self) -> None:
@@ -225,7 +225,10 @@ def make_policy(
 
     uses_model = getattr(drafter, "draft_model", None) is not None
     profile, _ = load_or_measure(models, with_draft=uses_model)
-    return AdaptiveK(profile, uses_model, max_k=config.max_k)
+    policy = AdaptiveK(profile, uses_model, max_k=config.max_k)
+    if uses_model:
+        drafter.p_min = policy.p_min() if config.p_min is None else config.p_min
+    return policy
 
 
 def stream_ids(

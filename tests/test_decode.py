@@ -168,3 +168,16 @@ def test_adaptive_k_keeps_greedy_output(llama):
                 )
             )
             assert [t for s in steps for t in s.tokens] == plain
+
+
+def test_p_min_stops_drafting_early_and_keeps_output(llama):
+    target, tokenizer, _ = llama
+    ids = tokenizer.encode(PROMPTS[1])
+    plain, _ = run(target, tokenizer, PROMPTS[1], None, 0)
+    confident = DraftModelDrafter(target, GREEDY, 320, p_min=0.0)
+    timid = DraftModelDrafter(target, GREEDY, 320, p_min=0.999)
+    _, full = run(target, tokenizer, PROMPTS[1], confident, 6)
+    out, short = run(target, tokenizer, PROMPTS[1], timid, 6)
+    assert out == plain and ids
+    assert sum(s.n_drafted for s in short) < sum(s.n_drafted for s in full)
+    assert all(s.n_drafted >= 1 for s in short[:-1])  # at least one token per step
