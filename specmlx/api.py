@@ -195,6 +195,18 @@ def method_of(models: Models, config: GenerationConfig) -> str:
     return config.method or ("draft" if models.draft is not None else "none")
 
 
+def method_settings(config: GenerationConfig, method: str) -> dict[str, Any]:
+    """The settings that shape a method's drafts, for reports: k, and W/N/G or n-gram sizes."""
+    settings: dict[str, Any] = {"k": "auto" if config.k is None else config.k}
+    if method == "none":
+        return {}
+    if method == "ngram":
+        settings.update(ngram_min=config.ngram_min, ngram_max=config.ngram_max)
+    if method == "lookahead":
+        settings.update(W=config.window, N=config.ngram_size, G=config.guesses)
+    return settings
+
+
 def make_drafter(models: Models, config: GenerationConfig) -> Drafter | None:
     """The drafter the config asks for, or None for plain decoding."""
     method = method_of(models, config)

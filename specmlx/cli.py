@@ -248,7 +248,7 @@ def generate(
     """Generate a continuation of PROMPT, speculatively when a draft is given."""
     import json
 
-    from specmlx.api import GenerationConfig, method_of, stream_generate
+    from specmlx.api import GenerationConfig, method_of, method_settings, stream_generate
     from specmlx.display import stats_line
     from specmlx.sampling import SamplingConfig
 
@@ -279,12 +279,15 @@ def generate(
             "text": "".join(text),
             "token_ids": ids,
             "method": method_used,
+            "config": method_settings(config, method_used),
             "stats": stats.as_dict(),
         }
         typer.echo(json.dumps(out))
     else:
         typer.echo()
-        typer.echo(stats_line(stats, method_used), err=True)
+        settings = method_settings(config, method_used)
+        details = " ".join(f"{key}={value}" for key, value in settings.items())
+        typer.echo(f"{stats_line(stats, method_used)} · {details}", err=True)
 
 
 @app.command()

@@ -28,7 +28,7 @@ class Step:
     """What one target call produced."""
 
     tokens: tuple[int, ...]  # accepted drafts, then the target's own token (stop-truncated)
-    k: int  # the draft length asked for; 0 is a plain step
+    k: int  # the draft length chosen (before the max_tokens cap); 0: a plain step by choice
     n_drafted: int  # tokens the target verified besides the last one (tree nodes too)
     draft_depth: int  # the longest path the draft offered
     n_accepted: int
@@ -105,11 +105,9 @@ def decode(
     while produced < max_tokens:
         start = time.perf_counter()
         last = context[-1]
-        if drafter is None:
-            k_step = 0
-        else:
-            # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
-            k_step = min(policy.choose() if policy else k, max_tokens - produced - 1)
+        k_chosen = 0 if drafter is None else policy.choose() if policy else k
+        # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
+        k_step = min(k_chosen, max_tokens - produced - 1)
         draft = drafter.propose(context, k_step) if k_step > 0 else None
         if draft is None or draft.size == 0:
             verdict, token = _plain(last, target, sampling)
@@ -139,7 +137,7 @@ def decode(
         context.extend(emitted)
         yield Step(
             tokens=tuple(emitted),
-            k=k_step,
+            k=k_chosen,
             n_drafted=draft.size if draft is not None else 0,
             draft_depth=_depth(draft),
             n_accepted=verdict.n_accepted,
