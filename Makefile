@@ -1,33 +1,6 @@
 # specmlx developer tasks. `make install` builds .venv/ here; every other target uses it.
 PY      := .venv/bin/python
 SPECMLX := .venv/bin/specmlx
-# The benchmarks write results/<name>-<date>.{json,csv,md}. Regimes: OpenBLAS preloaded with
-# fp32 weights is memory-bound (as Apple GPUs are); the stock BLAS is not (see README).
-DATE := $(shell date +%F)
-BENCH_OUT = --json results/$(1)-$(DATE).json --csv results/$(1)-$(DATE).csv --markdown results/$(1)-$(DATE).md
-
-# The Qwen2.5-Coder 1.5B + 0.5B pair, all suites, greedy and T=1, fixed and adaptive k, mlx-lm.
-bench: models openblas
-	mkdir -p results
-	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
-		-k 4 -k auto --max-tokens 48 $(call BENCH_OUT,bench)
-
-# Prompt lookup and Lookahead (no draft model) on SmolLM2-135M and the Qwen 1.5B target.
-bench-draft-free: models openblas
-	mkdir -p results
-	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --method ngram \
-		--method lookahead -k 4 -k auto --suite extract --suite code --limit 4 --temp 0 \
-		--max-tokens 64 $(call BENCH_OUT,draft-free-smollm2)
-	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --method ngram \
-		--method lookahead -k 4 -k auto --suite extract --suite code --limit 2 --temp 0 \
-		--max-tokens 48 $(call BENCH_OUT,draft-free-qwen)
-
-# Adaptive k where verification is expensive: the stock BLAS, no preload.
-bench-stock-blas: models
-	mkdir -p results
-	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
-		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 $(call BENCH_OUT,bench-stock-blas)
-
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
