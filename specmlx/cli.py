@@ -197,6 +197,37 @@ def _parse_k(k: str) -> int | None:
         raise UsageError(f"k must be a whole number or auto, got {k!r}") from None
 
 
+def _config(
+    method: str | None,
+    k: str,
+    max_tokens: int,
+    temp: float,
+    top_p: float,
+    top_k: int,
+    seed: int | None,
+    chat_template: bool,
+    ngram: tuple[int, int],
+    lookahead: tuple[int, int, int],
+):
+    """The GenerationConfig of generate's and chat's options (validated there)."""
+    from specmlx.api import GenerationConfig
+    from specmlx.sampling import SamplingConfig
+
+    return GenerationConfig(
+        method=method,
+        k=_parse_k(k),
+        max_tokens=max_tokens,
+        sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
+        seed=seed,
+        chat_template=chat_template,
+        ngram_min=ngram[0],
+        ngram_max=ngram[1],
+        window=lookahead[0],
+        ngram_size=lookahead[1],
+        guesses=lookahead[2],
+    )
+
+
 def _load(target: str | None, draft: str | None, config):
     """Check the options against each other, then load the models (spinner on stderr)."""
     from rich.console import Console
@@ -248,22 +279,20 @@ def generate(
     """Generate a continuation of PROMPT, speculatively when a draft is given."""
     import json
 
-    from specmlx.api import GenerationConfig, method_of, method_settings, stream_generate
+    from specmlx.api import method_of, method_settings, stream_generate
     from specmlx.display import stats_line
-    from specmlx.sampling import SamplingConfig
 
-    config = GenerationConfig(
-        method=method,
-        k=_parse_k(k),
-        max_tokens=max_tokens,
-        sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
-        seed=seed,
-        chat_template=not no_chat_template,
-        ngram_min=ngram_min,
-        ngram_max=ngram_max,
-        window=window,
-        ngram_size=ngram_size,
-        guesses=guesses,
+    config = _config(
+        method,
+        k,
+        max_tokens,
+        temp,
+        top_p,
+        top_k,
+        seed,
+        not no_chat_template,
+        (ngram_min, ngram_max),
+        (window, ngram_size, guesses),
     )
     models = _load(target, draft, config)
     method_used = method_of(models, config)
@@ -311,22 +340,21 @@ def chat(
     """Chat with the target; /reset, /stats, /quit. Ctrl-C stops the current reply."""
     from rich.console import Console
 
-    from specmlx.api import GenerationConfig, method_of
+    from specmlx.api import method_of
     from specmlx.chat import ChatSession
     from specmlx.display import live, render, stats_line
-    from specmlx.sampling import SamplingConfig
 
-    config = GenerationConfig(
-        method=method,
-        k=_parse_k(k),
-        max_tokens=max_tokens,
-        sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
-        seed=seed,
-        ngram_min=ngram_min,
-        ngram_max=ngram_max,
-        window=window,
-        ngram_size=ngram_size,
-        guesses=guesses,
+    config = _config(
+        method,
+        k,
+        max_tokens,
+        temp,
+        top_p,
+        top_k,
+        seed,
+        True,
+        (ngram_min, ngram_max),
+        (window, ngram_size, guesses),
     )
     models = _load(target, draft, config)
     session = ChatSession(models, config)
