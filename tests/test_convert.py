@@ -21,49 +21,16 @@ from gguf.quants import dequantize, quantize
 
 from specmlx.convert import convert_gguf
 from specmlx.errors import SpecmlxError, UsageError
-from tests.tiny import CHAT_TEMPLATE, write_tokenizer
+from tests.tiny import ARCHS, CHAT_TEMPLATE, write_tokenizer
 
 Q = GGMLQuantizationType
 REPO = Path(__file__).resolve().parent.parent
 
 CONFIGS = {
-    "llama": dict(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-    ),
-    "qwen2": dict(
-        model_type="qwen2",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ),
-    "gemma3": dict(
-        model_type="gemma3_text",
-        hidden_size=64,
-        num_hidden_layers=3,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        sliding_window=8,
-        sliding_window_pattern=3,
-        query_pre_attn_scalar=16,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-    ),
+    "llama": ARCHS["llama"],
+    "qwen2": ARCHS["qwen2"],
+    # Three layers, one of them global, so the GGUF carries both kinds.
+    "gemma3": {**ARCHS["gemma3_text"], "num_hidden_layers": 3, "sliding_window_pattern": 3},
 }
 # llama.cpp's names for mlx-lm's, per block; `ffn_norm` is the norm before the MLP.
 BLOCK_NAMES = {
