@@ -120,3 +120,15 @@ def test_calibration_is_cached_and_remeasured_when_the_key_changes(
     models.draft_path = tiny_dirs["qwen2-draft"]
     calibration.load_or_measure(models, with_draft=True)  # another draft model
     assert calls == [True, False, True]
+
+
+def test_a_tree_drafter_is_costed_by_its_size_from_the_first_step():
+    from specmlx.drafters.lookahead import LookaheadDrafter
+
+    size = LookaheadDrafter(window=5, ngram=4, guesses=5).tree_size
+    assert size == 1 + 4 + 10 + 15
+    # Verification grows with tokens (stock BLAS): a 30-token tree can't pay at the start.
+    policy = AdaptiveK(COMPUTE_BOUND, uses_draft_model=False, tree_size=size)
+    assert policy.choose() == 0
+    # Memory-bound, a tree costs little more than one token: speculate from the start.
+    assert AdaptiveK(MEMORY_BOUND, uses_draft_model=False, tree_size=size).choose() > 0

@@ -51,7 +51,12 @@ class Verdict:
 
 
 class Drafter(Protocol):
-    """What the verify loop needs from a drafting strategy."""
+    """What the verify loop needs from a drafting strategy.
+
+    Adaptive k also reads two optional attributes: `draft_model`, the model a drafter runs
+    once per drafted token (its calls enter the cost model), and `tree_size`, the most
+    tokens a tree drafter's proposal puts in one target call.
+    """
 
     def prefill(self, context: list[int]) -> None:
         """Take in the context; its last token is the input of the next `propose`."""

@@ -34,6 +34,13 @@ class LookaheadDrafter:
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
         self._last_level_nodes: list[int] = []
 
+    @property
+    def tree_size(self) -> int:
+        """Most tokens one target call scores: root, window, and the candidates."""
+        return (
+            1 + (self.window - 1) + self.window * (self.ngram - 2) + self.guesses * (self.ngram - 1)
+        )
+
     def prefill(self, context: list[int]) -> None:
         # Start the Jacobi window from tokens of the context, as llama.cpp does.
         self.levels = [
