@@ -47,7 +47,7 @@ BENCH_OUT = --json results/$(1)-$(DATE).json --csv results/$(1)-$(DATE).csv --ma
 bench: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
-		-k 4 -k auto --max-tokens 48 $(call BENCH_OUT,bench)
+		-k 4 -k auto --max-tokens 40 $(call BENCH_OUT,bench)
 
 # Prompt lookup and Lookahead (no draft model) on SmolLM2-135M and the Qwen 1.5B target.
 bench-draft-free: models openblas
