@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-draft-free bench-stock-blas openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-code bench-draft-free bench-stock-blas openblas clean
 
 install: .venv/.installed
 
@@ -47,7 +47,13 @@ BENCH_OUT = --json results/$(1)-$(DATE).json --csv results/$(1)-$(DATE).csv --ma
 bench: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
-		-k 4 -k auto --max-tokens 40 $(call BENCH_OUT,bench)
+		-k 4 -k auto --max-tokens 48 $(call BENCH_OUT,bench)
+
+# Five code prompts, 64 tokens, greedy and T=1: our draft loop beside mlx-lm's.
+bench-code: models openblas
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench --suite code --limit 5 --temp 0 --temp 1.0 -k 4 \
+		--max-tokens 64 $(call BENCH_OUT,bench-code)
 
 # Prompt lookup and Lookahead (no draft model) on SmolLM2-135M and the Qwen 1.5B target.
 bench-draft-free: models openblas
