@@ -1,0 +1,5 @@
+"""`python -m specmlx` runs the CLI."""
+
+from specmlx.cli import main
+
+main()
