@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-code bench-draft-free bench-stock-blas openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-code bench-draft-free bench-stock-blas bench-gpu openblas clean
 
 install: .venv/.installed
 
@@ -55,6 +55,17 @@ bench-code: models openblas
 	$(PRELOAD) $(SPECMLX) bench --suite code --limit 5 --temp 0 --temp 1.0 -k 4 \
 		--max-tokens 64 $(call BENCH_OUT,bench-code)
 
+# On a GPU (Apple silicon, or CUDA with mlx[cuda13]): the pair in 4-bit, every method.
+GPU_PAIR = models/local/qwen2.5-coder-1.5b-4bit models/local/qwen2.5-coder-0.5b-4bit
+models/local/%-4bit: | models
+	$(SPECMLX) convert models/gguf/$*.gguf $@ --dtype bfloat16 --quantize 4
+
+bench-gpu: $(GPU_PAIR)
+	mkdir -p results
+	$(SPECMLX) bench --target $(word 1,$(GPU_PAIR)) --draft $(word 2,$(GPU_PAIR)) \
+		--method draft --method ngram --method lookahead -k 4 -k auto --suite all --limit 2 \
+		--temp 0 --temp 1.0 --max-tokens 64 $(call BENCH_OUT,bench-gpu)
+
 # Prompt lookup and Lookahead (no draft model) on SmolLM2-135M and the Qwen 1.5B target.
 bench-draft-free: models openblas
 	mkdir -p results
@@ -65,11 +76,12 @@ bench-draft-free: models openblas
 		--method lookahead -k 4 -k auto --suite extract --suite code --limit 2 --temp 0 \
 		--max-tokens 48 $(call BENCH_OUT,draft-free-qwen)
 
-# Adaptive k where verification is expensive: the stock BLAS, no preload.
+# Adaptive k where verification is expensive: the stock BLAS, no preload. No warm-up run:
+# calls here take seconds, and mlx-lm loads every weight into memory up front.
 bench-stock-blas: models
 	mkdir -p results
 	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
-		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 $(call BENCH_OUT,bench-stock-blas)
+		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 --warmup 0 $(call BENCH_OUT,bench-stock-blas)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:

@@ -24,6 +24,8 @@ from mlx.utils import tree_flatten
 from specmlx.costs import CostProfile, measure_costs
 
 CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
+# Bumped whenever `measure_costs` measures differently, so old figures are measured again.
+MEASUREMENT = 2
 
 
 def _model_key(model: nn.Module | None, path: Path | None) -> dict[str, Any] | None:
@@ -43,6 +45,7 @@ def calibration_key(models: Any, with_draft: bool) -> dict[str, Any]:
     from specmlx import envinfo
 
     return {
+        "measurement": MEASUREMENT,
         "mlx": mx.__version__,
         "device": str(mx.default_device()),
         "backend": envinfo.backend(),

@@ -128,9 +128,12 @@ def measure_costs(
 ) -> CostProfile:
     """Time one-token draft calls and k-token target calls after a short prefill.
 
-    Each call is timed after its sync, then trimmed back off the cache, so every call sees the
-    same context. Repetitions are interleaved over k, so drift hits every k alike; the medians
-    are kept.
+    Each call is timed after its sync, then all but its first token is trimmed back off the
+    cache, as after a step that rejected every draft: the context grows by one token per
+    call, so, as in the loop, no two calls see the same shapes. (Backends that compile a
+    kernel per new shape, as MLX's CUDA backend does for multi-token attention, pay that on
+    every verify call; a measurement at one fixed context would hide it.) Repetitions are
+    interleaved over k, so drift hits every k alike; the medians are kept.
     """
     ks = sorted(set(ks) | {1})
     target_seq = _prefilled(target, context)
@@ -170,5 +173,5 @@ def _time_call(sequence: Sequence, n_tokens: int) -> float:
     logits = sequence.forward(inputs)  # (n_tokens, vocab)
     mx.eval(logits)
     seconds = time.perf_counter() - start
-    sequence.settle([])  # trim the call back off the cache
+    sequence.settle([int(inputs[0].item())])  # keep one token, trim the rest
     return seconds

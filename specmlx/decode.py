@@ -120,9 +120,13 @@ def decode(
             target.settle([last, *verdict.accepted], path=[0, *verdict.path])
         if draft is not None:
             drafter.commit(verdict)
-            if policy is not None:
+        seconds = time.perf_counter() - start
+        if policy is not None:
+            if draft is None or draft.size == 0:
+                policy.observe(0, 0, 0, False, seconds)
+            else:
                 policy.observe(
-                    _depth(draft), verdict.n_accepted, draft.size, draft.tree is not None
+                    _depth(draft), verdict.n_accepted, draft.size, draft.tree is not None, seconds
                 )
 
         emitted = [*verdict.accepted, token]
@@ -141,7 +145,7 @@ def decode(
             n_drafted=draft.size if draft is not None else 0,
             draft_depth=_depth(draft),
             n_accepted=verdict.n_accepted,
-            seconds=time.perf_counter() - start,
+            seconds=seconds,
             finish=finish,
         )
         if finish is not None:

@@ -167,7 +167,7 @@ def environment(models: Any, bandwidth_gb: float = 1.0) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "device": str(mx.default_device()),
         "backend": backend(),
-        "blas": blas_in_use(),
+        "blas": blas_in_use() if backend() == "cpu" else "not used (matmuls run on the GPU)",
         "ld_preload": os.environ.get("LD_PRELOAD") or None,
         "target": target,
         "draft": draft,

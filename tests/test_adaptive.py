@@ -132,3 +132,40 @@ def test_a_tree_drafter_is_costed_by_its_size_from_the_first_step():
     assert policy.choose() == 0
     # Memory-bound, a tree costs little more than one token: speculate from the start.
     assert AdaptiveK(MEMORY_BOUND, uses_draft_model=False, tree_size=size).choose() > 0
+
+
+def test_unseen_deep_positions_lean_on_the_rate_before_them():
+    """Half the drafts miss at once, the rest match to the end: deep positions keep matching."""
+    tracker = AcceptanceTracker(decay=0.99)
+    for i in range(400):
+        tracker.observe(3, 0 if i % 2 else 3)
+    rates = tracker.rates(8)
+    assert abs(rates[0] - 0.5) < 0.05
+    assert rates[2] > 0.95
+    assert rates[7] > 0.95  # never reached: the rate before it, not the pooled ~0.75
+
+
+def test_measured_step_overheads_switch_speculation_off_and_on():
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    rng = random.Random(5)
+    feed(policy, 0.9, 200, rng)
+    k = policy.choose()
+    assert k > 0
+    unit = MEMORY_BOUND.target_call_seconds
+    # Each speculative step turns out to cost 5 target calls more than calibrated (a GPU
+    # building kernels for every new shape, say); plain steps cost what calibration says.
+    for _ in range(30):
+        n = 0
+        while n < k and rng.random() < 0.9:
+            n += 1
+        policy.observe(k, n, k, False, seconds=unit * (policy.modelled_cost(k) + 5.0))
+        policy.observe(0, 0, 0, False, seconds=unit)
+    assert policy.spec_overhead.value > 4.0
+    assert policy.choose() == 0
+    # If instead plain steps are the slow ones, speculating is the better deal again.
+    slow_plain = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    feed(slow_plain, 0.05, 200, rng)
+    assert slow_plain.choose() == 0
+    for _ in range(30):
+        slow_plain.observe(0, 0, 0, False, seconds=unit * 5.0)
+    assert slow_plain.choose() > 0

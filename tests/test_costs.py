@@ -94,7 +94,7 @@ def test_measure_costs_on_a_tiny_pair(tiny_dirs) -> None:
     assert profile.c > 0
 
 
-def test_measured_calls_leave_the_cache_as_they_found_it(tiny_dirs) -> None:
+def test_each_measured_call_keeps_one_token_as_a_rejected_step_does(tiny_dirs) -> None:
     from mlx_lm import load
 
     from specmlx.costs import _prefilled, _time_call
@@ -103,8 +103,10 @@ def test_measured_calls_leave_the_cache_as_they_found_it(tiny_dirs) -> None:
     sequence = _prefilled(model, 8)
     offsets = [c.offset for c in sequence.cache]
     _time_call(sequence, 5)
-    assert [c.offset for c in sequence.cache] == offsets
-    assert len(sequence.tokens) == 8 and sequence.n_unconfirmed == 0
+    _time_call(sequence, 1)
+    # Every call sees a context one token longer than the last: no shape repeats.
+    assert [c.offset for c in sequence.cache] == [o + 2 for o in offsets]
+    assert len(sequence.tokens) == 10 and sequence.n_unconfirmed == 0
 
 
 @pytest.mark.parametrize(("alpha", "gamma"), [(0.5, 2), (0.8, 4), (0.6, 1), (0.95, 8)])
