@@ -96,11 +96,13 @@ class Overhead:
     """Decaying mean of measured step cost minus modelled step cost, in target calls."""
 
     decay: float = 0.9
-    prior_weight: float = 1.0  # the calibration is believed until steps say otherwise
+    prior_weight: float = 4.0  # the calibration is believed until several steps disagree
+    clip: tuple[float, float] = (-1.0, 2.0)  # one slow step (a hiccup) moves it only so far
     total: float = 0.0
     weight: float = 0.0
 
     def observe(self, excess: float) -> None:
+        excess = min(max(excess, self.clip[0]), self.clip[1])
         self.total = self.total * self.decay + excess
         self.weight = self.weight * self.decay + 1.0
 

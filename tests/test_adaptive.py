@@ -148,7 +148,7 @@ def test_unseen_deep_positions_lean_on_the_rate_before_them():
 def test_measured_step_overheads_switch_speculation_off_and_on():
     policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
     rng = random.Random(5)
-    feed(policy, 0.9, 200, rng)
+    feed(policy, 0.6, 200, rng)
     k = policy.choose()
     assert k > 0
     unit = MEMORY_BOUND.target_call_seconds
@@ -156,11 +156,11 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
     # building kernels for every new shape, say); plain steps cost what calibration says.
     for _ in range(30):
         n = 0
-        while n < k and rng.random() < 0.9:
+        while n < k and rng.random() < 0.6:
             n += 1
         policy.observe(k, n, k, False, seconds=unit * (policy.modelled_cost(k) + 5.0))
         policy.observe(0, 0, 0, False, seconds=unit)
-    assert policy.spec_overhead.value > 4.0
+    assert policy.spec_overhead.value > 1.0  # clipped per step, so a hiccup can't dominate
     assert policy.choose() == 0
     # If instead plain steps are the slow ones, speculating is the better deal again.
     slow_plain = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
@@ -169,3 +169,13 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
     for _ in range(30):
         slow_plain.observe(0, 0, 0, False, seconds=unit * 5.0)
     assert slow_plain.choose() > 0
+
+
+def test_one_slow_step_does_not_switch_speculation_off():
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    rng = random.Random(6)
+    feed(policy, 0.8, 200, rng)
+    k = policy.choose()
+    unit = MEMORY_BOUND.target_call_seconds
+    policy.observe(k, k // 2, k, False, seconds=unit * 50.0)  # the machine stalled once
+    assert policy.choose() > 0
