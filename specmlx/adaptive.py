@@ -161,6 +161,20 @@ class AdaptiveK:
         marginal_verify = (self.profile.verify_cost(17) - 1.0) / 16
         return min(0.9, self.profile.c + max(marginal_verify, 0.0))
 
+    def could_win(self) -> bool:
+        """Whether some k beats plain decoding if every draft token were accepted.
+
+        If not, the costs alone rule speculation out (a k-token call costs k one-token calls,
+        say) and no acceptance could change that: probing would only pay for the draft
+        catching up on the plain stretch.
+        """
+        plain = self.predicted(0)
+        for k in range(1, self.max_k + 1):
+            cost = self.modelled_cost(k) + self.spec_overhead.value
+            if (k + 1) / max(cost, 0.1) > plain:
+                return True
+        return False
+
     def best_k(self) -> int:
         """The k in 0..max_k with the best prediction."""
         return max(range(self.max_k + 1), key=self.predicted)
@@ -177,7 +191,7 @@ class AdaptiveK:
             self._probe_interval = self.probe_every
             return best
         self.steps_since_probe += 1
-        if self.steps_since_probe >= self._probe_interval:
+        if self.steps_since_probe >= self._probe_interval and self.could_win():
             # A probe: one short speculative step keeps the acceptance estimate fresh. While
             # probes keep finding speculation a loss they come ever less often, so their
             # cost fades; the first probe that wins resets the interval.

@@ -61,9 +61,17 @@ def test_falls_back_when_the_cost_curve_makes_speculation_lose():
     policy = AdaptiveK(COMPUTE_BOUND, uses_draft_model=True, probe_every=10)
     feed(policy, 0.8, 200, random.Random(2))
     choices = [policy.choose() for _ in range(30)]
-    assert choices.count(0) >= 27  # plain, but for the probes
-    assert any(c > 0 for c in choices)  # it probes now and then
-    assert policy.plain_steps >= 27
+    # Not even full acceptance could win here, so it does not probe either.
+    assert not policy.could_win()
+    assert choices == [0] * 30 and policy.plain_steps == 30
+
+
+def test_probes_while_acceptance_could_still_make_speculation_win():
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True, probe_every=10)
+    feed(policy, 0.02, 200, random.Random(7))  # it can win, just not at this acceptance
+    choices = [policy.choose() for _ in range(30)]
+    assert policy.could_win()
+    assert choices.count(0) >= 27 and any(c > 0 for c in choices)
 
 
 def test_switches_back_when_acceptance_recovers():
