@@ -1,22 +1,39 @@
 """Adaptive speculation: pick each step's draft length from measured costs and acceptance.
 
-Before each step the policy chooses the draft length k that maximizes expected tokens per
-unit of time,
+Before each step the policy asks the drafter for the k tokens that maximize expected tokens
+per unit of time,
 
-    E(k) / cost(k),   E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i,   cost(k) = k*c + v(n(k)),
+    E(k) / cost(k),   E(k) = 1 + sum_{j<k} prod_{i<=j} g_i a_i,
+                      cost(k) = calls(k)*c + v(1 + D(k)),   D(k) = sum_{j<k} prod_{i<=j} g_i,
 
 where a_i is the running (exponentially decaying) rate at which draft position i is accepted
-given that the positions before it were, c the cost of one draft-model call and v(n) the cost
-of an n-token target call, both in one-token target calls (`specmlx.costs.CostProfile`), and
-n(k) the tokens the target scores: k + 1 for a chain, the tree's size for a tree drafter.
-Plain decoding is k = 0 with E = cost = 1. When no k beats it, the policy decodes plainly and
-probes with a speculative step now and then, so it comes back when acceptance recovers.
+given that it was drafted and the positions before it were accepted, g_i the rate at which
+the drafter drafts position i when asked for it (g_0 = 1; below 1 for a drafter that stops
+on low confidence or runs out of proposals), D(k) the tokens it drafts and calls(k) the
+draft-model calls it makes (D, plus one when it stops early: the call whose token it
+dropped), c the cost of one draft-model call and v(n) the cost of an n-token target call,
+both in one-token target calls (`specmlx.costs.CostProfile`); a tree drafter's calls cost its
+tree's size. Plain decoding is k = 0 with E = cost = 1. When no k beats it, the policy decodes
+plainly and probes with a speculative step now and then, so it comes back when acceptance
+recovers; while there is little experience (a response's first tokens are often missed), it
+keeps speculating as long as an upper confidence bound of the first position's rate says it
+could win.
 
-The calibrated costs are only a model of a step. Whatever a real step costs beyond it
-(host syncs, sampling, the draft catching up, kernels a GPU builds for a new shape) is
-measured as it happens: each step's wall time, in one-token target calls, minus what the
-model predicted for it, is kept as a decaying mean per kind of step (plain, speculative)
-and added to that kind's cost.
+A draft model stops drafting when its own probability of the next token falls below a
+threshold (llama.cpp's p_min), set before each step from the costs: one more token costs a
+draft call and one more verified token, and pays only if its chance of being kept covers
+that cost at the rate the policy predicts for its best choice. Every token past the first
+has passed that threshold, so the acceptance expected of them is that of the first tokens
+that would have passed it (and no less than the threshold).
+
+The calibrated costs are only a model of a step, measured once; the machine they describe
+drifts (other work, heat, a calibration from another day), and a real step costs things the
+model leaves out (host syncs, sampling, kernels a GPU builds for a new shape). Both are
+measured as they happen. Drift is a scale per model: the draft model's calls, timed apart
+from the verify call, against their calibrated time, and plain steps against a one-token
+target call (a decaying mean of each ratio), which multiply the draft and the target parts
+of every modelled cost. What is left of a speculative step's wall time beyond that is kept
+as a decaying mean and added to the cost of speculative steps.
 """
 
 from __future__ import annotations
@@ -28,67 +45,154 @@ from specmlx.costs import CostProfile
 # The start: speculate until the data says otherwise, and let no single rejection decide.
 PRIOR_RATE = 0.7
 PRIOR_WEIGHT = 4.0
+# Standard errors of the first position's rate added before falling back to plain decoding.
+OPTIMISM = 1.0
 
 
 @dataclass
 class AcceptanceTracker:
-    """Decaying counts of how often draft position i was reached and accepted."""
+    """Decaying counts, per draft position, of how often a drafter went on drafting and how
+    often the target accepted what it drafted.
+
+    Position i's acceptance rate is the chance it is accepted given it was drafted and all
+    before it were accepted. Its continuation rate (i >= 1) is the chance the drafter drafts
+    it when asked, given it drafted position i - 1: below 1 for a drafter that stops on low
+    confidence (p_min) or runs out of proposals (an n-gram match that ends).
+    """
 
     decay: float = 0.97  # an effective memory of about 30 steps
     reached: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
+    asked: list[float] = field(default_factory=list)
+    offered: list[float] = field(default_factory=list)
+    # First draft tokens, which are drafted whatever their confidence: how many would have
+    # passed the confidence threshold, and how often those were accepted.
+    first_seen: float = 0.0
+    first_passed: float = 0.0
+    first_passed_accepted: float = 0.0
+    seen: list[int] = field(default_factory=list)  # reached, without decay: experience
 
     def age(self) -> None:
         """One step passed: older evidence weighs less."""
-        self.reached = [r * self.decay for r in self.reached]
-        self.accepted = [a * self.decay for a in self.accepted]
+        for counts in (self.reached, self.accepted, self.asked, self.offered):
+            counts[:] = [x * self.decay for x in counts]
+        self.first_seen *= self.decay
+        self.first_passed *= self.decay
+        self.first_passed_accepted *= self.decay
 
-    def observe(self, depth: int, n_accepted: int) -> None:
-        """One step that offered `depth` positions and kept the first `n_accepted`."""
+    def observe(
+        self,
+        depth: int,
+        n_accepted: int,
+        requested: int | None = None,
+        first_confidence: float | None = None,
+        threshold: float = 0.0,
+    ) -> None:
+        """One step that was asked for `requested` positions (default `depth`), drafted
+        `depth` and had the first `n_accepted` kept. `first_confidence`: the drafter's own
+        probability of its first token, checked against the step's `threshold`."""
         self.age()
-        while len(self.reached) < depth:
-            self.reached.append(0.0)
-            self.accepted.append(0.0)
+        requested = depth if requested is None else max(requested, depth)
+        for counts in (self.reached, self.accepted, self.asked, self.offered):
+            counts.extend([0.0] * (requested - len(counts)))
+        self.seen.extend([0] * (requested - len(self.seen)))
         # Position i (0-based) was reached when all before it were accepted.
         for i in range(min(depth, n_accepted + 1)):
             self.reached[i] += 1
             self.accepted[i] += i < n_accepted
+            self.seen[i] += 1
+        # Position i >= 1 was asked for when the one before it was drafted.
+        for i in range(1, min(depth + 1, requested)):
+            self.asked[i] += 1
+            self.offered[i] += i < depth
+        if first_confidence is not None:
+            self.first_seen += 1
+            if first_confidence >= threshold:
+                self.first_passed += 1
+                self.first_passed_accepted += n_accepted >= 1
 
-    def rates(self, n: int) -> list[float]:
+    def rates(
+        self, n: int, floor: float = 0.0, optimism: float = 0.0, first_optimism: float = 0.0
+    ) -> list[float]:
         """Acceptance rates of positions 0..n-1, each given the ones before it were accepted.
 
-        Deep positions are reached rarely, and never while the drafts stay short; each one's
-        estimate leans on a prior: the rate of the position before it, or the rate pooled
-        over all positions if that is higher (a draft that has matched so far tends to keep
-        matching, so conditional acceptance rarely falls with depth). The pooled rate leans
-        on an optimistic prior while there is no data at all.
+        The first position leans on a fixed prior while data is scarce. Deep positions are
+        reached rarely, and never while the drafts stay short; each one's estimate leans on
+        a prior: the rate of the position before it, or a base rate if that is higher (a
+        draft that has matched so far tends to keep matching, so conditional acceptance
+        rarely falls with depth). The base rate is that of first tokens confident enough to
+        pass the threshold where the drafter reports its confidence (every later position
+        passed it), else the rate pooled over all positions. `floor` raises the prior of
+        positions after the first: a drafter that offers a token only when it is at least
+        that confident (p_min) passes on no token it expects to lose more often.
+        `optimism` adds that many standard errors to each rate (`first_optimism`, to the
+        first position's only), an error that shrinks with the times the position was
+        reached: an upper bound, for trying what is not known yet.
         """
-        pooled = (sum(self.accepted) + PRIOR_RATE * PRIOR_WEIGHT) / (
-            sum(self.reached) + PRIOR_WEIGHT
-        )
+        if self.first_seen > 0:
+            base = (self.first_passed_accepted + max(PRIOR_RATE, floor) * PRIOR_WEIGHT) / (
+                self.first_passed + PRIOR_WEIGHT
+            )
+        else:
+            base = (sum(self.accepted) + PRIOR_RATE * PRIOR_WEIGHT) / (
+                sum(self.reached) + PRIOR_WEIGHT
+            )
         rates: list[float] = []
         for position in range(n):
-            prior = max(pooled, rates[-1]) if rates else pooled
-            if position >= len(self.reached):
-                rates.append(prior)
-            else:
-                rates.append(
-                    (self.accepted[position] + prior * PRIOR_WEIGHT)
-                    / (self.reached[position] + PRIOR_WEIGHT)
-                )
+            prior = max(base, rates[-1], floor) if rates else PRIOR_RATE
+            rate = self._estimate(self.accepted, self.reached, position, prior)
+            bonus = optimism + (first_optimism if position == 0 else 0.0)
+            if bonus:
+                seen = self.seen[position] if position < len(self.seen) else 0
+                error = (rate * (1 - rate) / (seen + PRIOR_WEIGHT)) ** 0.5
+                rate = min(1.0, rate + bonus * error)
+            rates.append(rate)
         return rates
+
+    def continuations(self, n: int) -> list[float]:
+        """Continuation rates of positions 0..n-1 (position 0 is always drafted: 1).
+
+        Before any data, the share of first tokens that would have passed the threshold
+        (where the drafter reports confidence), else 1; deeper positions lean on the rate
+        of the position before them.
+        """
+        first = (self.first_passed + PRIOR_WEIGHT) / (self.first_seen + PRIOR_WEIGHT)
+        result = [1.0]
+        for position in range(1, n):
+            prior = first if position == 1 else result[-1]
+            result.append(self._estimate(self.offered, self.asked, position, prior))
+        return result[:n]
+
+    @staticmethod
+    def _estimate(hits: list[float], trials: list[float], position: int, prior: float) -> float:
+        if position >= len(trials):
+            return prior
+        return (hits[position] + prior * PRIOR_WEIGHT) / (trials[position] + PRIOR_WEIGHT)
 
     def rate(self, position: int) -> float:
         """Acceptance rate of `position` given the ones before it were accepted."""
         return self.rates(position + 1)[-1]
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a k-token draft yields on average, the target's own token included."""
-        total, survive = 1.0, 1.0
-        for rate in self.rates(k):
-            survive *= rate
-            total += survive
-        return total
+    def expected(
+        self, k: int, floor: float = 0.0, optimism: float = 0.0, first_optimism: float = 0.0
+    ) -> tuple[float, float, float]:
+        """Asked for k, the tokens a step yields (the target's own included), the tokens the
+        drafter drafts, and the calls it makes (one more than it drafts when it stops
+        early: the call whose token it dropped), on average."""
+        tokens, drafted = 1.0, 0.0
+        kept = go = 1.0
+        for rate, cont in zip(
+            self.rates(k, floor, optimism, first_optimism), self.continuations(k), strict=True
+        ):
+            go *= cont
+            kept *= cont * rate
+            tokens += kept
+            drafted += go
+        return tokens, drafted, drafted + (1.0 - go)
+
+    def expected_tokens(self, k: int, floor: float = 0.0, optimism: float = 0.0) -> float:
+        """Tokens a step asked for k yields on average, the target's own token included."""
+        return self.expected(k, floor, optimism)[0]
 
 
 @dataclass
@@ -117,6 +221,27 @@ class Overhead:
 
 
 @dataclass
+class Scale:
+    """Decaying mean of measured over calibrated time of one-token calls (1: as calibrated)."""
+
+    decay: float = 0.9
+    prior_weight: float = 0.5  # timing is precise: a few calls outweigh the calibration
+    clip: tuple[float, float] = (0.2, 5.0)
+    total: float = 0.0
+    weight: float = 0.0
+
+    def observe(self, ratio: float, calls: float = 1.0) -> None:
+        ratio = min(max(ratio, self.clip[0]), self.clip[1])
+        calls = min(calls, 4.0)  # a long draft counts for a few calls, not for many
+        self.total = self.total * self.decay + ratio * calls
+        self.weight = self.weight * self.decay + calls
+
+    @property
+    def value(self) -> float:
+        return (self.total + self.prior_weight) / (self.weight + self.prior_weight)
+
+
+@dataclass
 class AdaptiveK:
     """Chooses k per step; k = 0 means a plain step (speculation predicted to lose)."""
 
@@ -127,39 +252,81 @@ class AdaptiveK:
     max_probe_every: int = 256
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
+    fixed_p_min: float | None = None  # the user's confidence threshold; None: from costs
+    optimism: float = 0.0  # standard errors added to acceptance rates when choosing k
     steps_since_probe: int = 0
     plain_steps: int = 0
-    plain_overhead: Overhead = field(default_factory=Overhead)
+    draft_scale: Scale = field(default_factory=Scale)  # draft-model calls
+    target_scale: Scale = field(default_factory=Scale)  # plain steps
     spec_overhead: Overhead = field(default_factory=Overhead)
 
-    def modelled_cost(self, k: int, n_tokens: int | None = None) -> float:
-        """The calibrated cost of a step drafting k tokens, in one-token target calls."""
+    def modelled_cost(
+        self, k: int, n_tokens: float | None = None, calls: float | None = None
+    ) -> float:
+        """The calibrated cost of a step drafting k tokens in `calls` draft-model calls
+        (default k) and verifying `n_tokens` (default k + 1, a tree's size for a tree
+        drafter), in one-token target calls."""
         if k == 0:
             return 1.0
         c = self.profile.c if self.uses_draft_model else 0.0
         if n_tokens is None:
             n_tokens = self.tree_size if self.tree_size is not None else k + 1
-        return k * c + self.profile.verify_cost(n_tokens)
+        return (k if calls is None else calls) * c + self.profile.verify_cost(n_tokens)
 
-    def predicted(self, k: int) -> float:
-        """Predicted tokens per one-token-call time of drafting k tokens, measured
-        overheads included (1.0 for k = 0 when plain steps cost what calibration says)."""
+    def scaled_cost(
+        self, k: int, n_tokens: float | None = None, calls: float | None = None
+    ) -> float:
+        """`modelled_cost` with each model's calls at their measured scale, plus the
+        measured overhead of a speculative step (k > 0)."""
         if k == 0:
-            return 1.0 / max(1.0 + self.plain_overhead.value, 0.1)
-        cost = self.modelled_cost(k) + self.spec_overhead.value
-        return self.tracker.expected_tokens(k) / max(cost, 0.1)
+            return max(self.target_scale.value, 0.1)
+        c = self.profile.c if self.uses_draft_model else 0.0
+        if n_tokens is None:
+            n_tokens = self.tree_size if self.tree_size is not None else k + 1
+        draft = (k if calls is None else calls) * c * self.draft_scale.value
+        verify = self.profile.verify_cost(n_tokens) * self.target_scale.value
+        return max(draft + verify + self.spec_overhead.value, 0.1)
+
+    def step_cost(self, k: int, optimism: float = 0.0, first_optimism: float = 0.0) -> float:
+        """The expected cost of a step asked for k tokens (0: plain), in calibrated
+        one-token target calls: what the drafter is expected to draft (it may stop early),
+        costed by `scaled_cost`."""
+        if k == 0:
+            return self.scaled_cost(0)
+        _, drafted, calls = self.tracker.expected(k, self.threshold, optimism, first_optimism)
+        n_tokens = None if self.tree_size is not None else drafted + 1
+        return self.scaled_cost(k, n_tokens, calls)
+
+    def predicted(self, k: int, optimism: float = 0.0, first_optimism: float = 0.0) -> float:
+        """Predicted tokens per calibrated one-token-call time of a step asked for k tokens
+        (1.0 for k = 0 while plain steps cost what calibration says); `optimism`: see
+        `AcceptanceTracker.rates`."""
+        if k == 0:
+            return 1.0 / self.step_cost(0)
+        tokens = self.tracker.expected(k, self.threshold, optimism, first_optimism)[0]
+        return tokens / self.step_cost(k, optimism, first_optimism)
 
     def p_min(self) -> float:
         """Draft confidence below which one more draft token is predicted not to pay.
 
-        A draft token costs one draft call and one more verified token, and saves about one
-        target call when it is accepted; the draft's own probability stands in for the
-        chance it is accepted.
+        One more draft token costs a draft call and one more verified token, at the measured
+        scale; it yields a token only if it is accepted, for which the draft's own
+        probability stands in. The time could instead go into the steps as they run, at the
+        best predicted rate (tokens per call-time): the token pays only if its chance of
+        being kept, times that rate's inverse, covers its cost. (Weighed against plain
+        decoding's one token per call instead, the threshold would come out too low and
+        keep drafting tokens that cost more than they bring.)
         """
         if not self.uses_draft_model:
             return 0.0
-        marginal_verify = (self.profile.verify_cost(17) - 1.0) / 16
-        return min(0.9, self.profile.c + max(marginal_verify, 0.0))
+        if self.fixed_p_min is not None:
+            return self.fixed_p_min
+        rate = max(self.predicted(k) for k in range(self.max_k + 1))
+        marginal_verify = max((self.profile.verify_cost(9) - 1.0) / 8, 0.0)
+        marginal = (
+            self.draft_scale.value * self.profile.c + self.target_scale.value * marginal_verify
+        )
+        return min(0.95, rate * marginal)
 
     def could_win(self) -> bool:
         """Whether some k beats plain decoding if every draft token were accepted.
@@ -170,8 +337,7 @@ class AdaptiveK:
         """
         plain = self.predicted(0)
         for k in range(1, self.max_k + 1):
-            cost = self.modelled_cost(k) + self.spec_overhead.value
-            if (k + 1) / max(cost, 0.1) > plain:
+            if (k + 1) / self.scaled_cost(k) > plain:
                 return True
         return False
 
@@ -182,9 +348,22 @@ class AdaptiveK:
     def __post_init__(self) -> None:
         self._probe_interval = self.probe_every
         self._probing = False  # the step under way is a probe
+        # The confidence threshold of the step under way (the drafter's p_min), which is
+        # also the least acceptance expected of the draft positions it lets through.
+        self.threshold = self.fixed_p_min or 0.0
 
     def choose(self) -> int:
-        best = self.best_k()
+        """The draft length of the next step (0: plain); updates `threshold` for it."""
+        self.threshold = self.p_min()
+        best = max(range(self.max_k + 1), key=lambda k: self.predicted(k, self.optimism))
+        if best == 0:
+            # Little experience yet (a response's first tokens are often missed): speculate
+            # while an upper bound of the acceptance still says it could win.
+            hopeful = max(
+                range(1, self.max_k + 1), key=lambda k: self.predicted(k, first_optimism=OPTIMISM)
+            )
+            if self.predicted(hopeful, first_optimism=OPTIMISM) > self.predicted(0):
+                best = hopeful
         self._probing = False
         if best > 0:
             self.steps_since_probe = 0
@@ -213,17 +392,34 @@ class AdaptiveK:
         n_drafted: int,
         is_tree: bool,
         seconds: float | None = None,
+        draft_seconds: float | None = None,
+        *,
+        requested: int | None = None,
+        first_confidence: float | None = None,
     ) -> None:
-        """One step's outcome; `seconds`, its wall time, refines the cost model."""
+        """One step's outcome: a draft of `depth` positions (`n_drafted` tokens, a tree's
+        nodes for a tree) where `requested` were asked for (default: as many as drafted),
+        `n_accepted` kept. `seconds`, its wall time, and `draft_seconds`, the part the draft
+        model's calls took (measured apart only for a draft model), refine the costs;
+        `first_confidence`, the draft's probability of its first token, the acceptance
+        expected of confident tokens."""
+        unit = self.profile.target_call_seconds
         if depth == 0:
             if seconds is not None:
-                self.plain_overhead.observe(seconds / self.profile.target_call_seconds - 1.0)
+                self.target_scale.observe(seconds / unit)
             return
-        self.tracker.observe(depth, n_accepted)
+        requested = depth if is_tree or requested is None else requested
+        self.tracker.observe(depth, n_accepted, requested, first_confidence, self.threshold)
         if is_tree:
             self.tree_size = n_drafted + 1
         # A probe also pays for the draft catching up on the plain stretch before it: a
         # cost of falling back, not of speculating, so it does not count here.
-        if seconds is not None and not self._probing:
-            cost = self.modelled_cost(n_drafted, n_drafted + 1)
-            self.spec_overhead.observe(seconds / self.profile.target_call_seconds - cost)
+        if self._probing:
+            return
+        calls = n_drafted + (not is_tree and n_drafted < requested)  # the dropped token's
+        draft_call = self.profile.draft_call_seconds
+        if draft_seconds is not None and draft_call and self.uses_draft_model:
+            self.draft_scale.observe(draft_seconds / (calls * draft_call), calls=calls)
+        if seconds is not None:
+            cost = self.scaled_cost(n_drafted, n_drafted + 1, calls) - self.spec_overhead.value
+            self.spec_overhead.observe(seconds / unit - cost)

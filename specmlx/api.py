@@ -238,12 +238,13 @@ def make_policy(
     uses_model = getattr(drafter, "draft_model", None) is not None
     profile, _ = load_or_measure(models, with_draft=uses_model)
     # A tree drafter's calls cost its tree size from the first step on.
-    policy = AdaptiveK(
-        profile, uses_model, max_k=config.max_k, tree_size=getattr(drafter, "tree_size", None)
+    return AdaptiveK(
+        profile,
+        uses_model,
+        max_k=config.max_k,
+        tree_size=getattr(drafter, "tree_size", None),
+        fixed_p_min=config.p_min,
     )
-    if uses_model:
-        drafter.p_min = policy.p_min() if config.p_min is None else config.p_min
-    return policy
 
 
 def stream_ids(

@@ -106,9 +106,17 @@ def decode(
         start = time.perf_counter()
         last = context[-1]
         k_chosen = 0 if drafter is None else policy.choose() if policy else k
+        if policy is not None and hasattr(drafter, "p_min"):
+            drafter.p_min = policy.threshold
         # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
         k_step = min(k_chosen, max_tokens - produced - 1)
         draft = drafter.propose(context, k_step) if k_step > 0 else None
+        draft_seconds = None
+        if policy is not None and policy.uses_draft_model and draft is not None:
+            # The draft calls, timed apart from the verify call: the policy's measure of how
+            # fast one-token calls run now.
+            mx.eval(draft.tokens)
+            draft_seconds = time.perf_counter() - start
         if draft is None or draft.size == 0:
             verdict, token = _plain(last, target, sampling)
             target.settle([last])
@@ -126,7 +134,14 @@ def decode(
                 policy.observe(0, 0, 0, False, seconds)
             else:
                 policy.observe(
-                    _depth(draft), verdict.n_accepted, draft.size, draft.tree is not None, seconds
+                    _depth(draft),
+                    verdict.n_accepted,
+                    draft.size,
+                    draft.tree is not None,
+                    seconds,
+                    draft_seconds,
+                    requested=k_step,
+                    first_confidence=draft.first_confidence,
                 )
 
         emitted = [*verdict.accepted, token]

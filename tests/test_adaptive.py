@@ -170,13 +170,16 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
         policy.observe(0, 0, 0, False, seconds=unit)
     assert policy.spec_overhead.value > 1.0  # clipped per step, so a hiccup can't dominate
     assert policy.choose() == 0
-    # If instead plain steps are the slow ones, speculating is the better deal again.
-    slow_plain = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
-    feed(slow_plain, 0.05, 200, rng)
-    assert slow_plain.choose() == 0
+    # Plain steps that are all slow say the target runs slow: its verify calls are priced
+    # at the same scale, so a drafter that loses keeps losing.
+    slow = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    feed(slow, 0.05, 200, rng)
+    assert slow.choose() == 0
     for _ in range(30):
-        slow_plain.observe(0, 0, 0, False, seconds=unit * 5.0)
-    assert slow_plain.choose() > 0
+        slow.observe(0, 0, 0, False, seconds=unit * 5.0)
+    assert slow.target_scale.value > 4.5
+    verify = slow.target_scale.value * MEMORY_BOUND.verify_cost(5)
+    assert slow.step_cost(4) == pytest.approx(4 * MEMORY_BOUND.c + verify, rel=0.02)
 
 
 def test_one_slow_step_does_not_switch_speculation_off():
@@ -187,3 +190,118 @@ def test_one_slow_step_does_not_switch_speculation_off():
     unit = MEMORY_BOUND.target_call_seconds
     policy.observe(k, k // 2, k, False, seconds=unit * 50.0)  # the machine stalled once
     assert policy.choose() > 0
+
+
+def test_a_uniformly_faster_machine_is_a_scale_not_an_overhead():
+    """Every call runs at 0.7x its calibrated time (a calibration from a slower day): the
+    policy learns the scale of each model from draft calls and plain steps, so long drafts
+    are not penalized against short ones, nor speculation against plain decoding."""
+    rng = random.Random(8)
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    unit, draft_call = MEMORY_BOUND.target_call_seconds, MEMORY_BOUND.draft_call_seconds
+    for step in range(100):
+        k = policy.choose() if step % 5 else 0
+        if k == 0:
+            policy.observe(0, 0, 0, False, seconds=0.7 * unit)
+            continue
+        n = 0
+        while n < k and rng.random() < 0.85:
+            n += 1
+        seconds = 0.7 * unit * policy.modelled_cost(k)
+        policy.observe(k, n, k, False, seconds=seconds, draft_seconds=0.7 * k * draft_call)
+    assert policy.draft_scale.value == pytest.approx(0.7, abs=0.02)
+    assert policy.target_scale.value == pytest.approx(0.7, abs=0.025)
+    assert abs(policy.spec_overhead.value) < 0.03
+    for k in (0, 1, 4, 12):
+        assert policy.scaled_cost(k) == pytest.approx(0.7 * policy.modelled_cost(k), rel=0.04)
+    # The same acceptance, calibrated costs: the same choice.
+    calibrated = AdaptiveK(MEMORY_BOUND, uses_draft_model=True, tracker=policy.tracker)
+    assert policy.best_k() == calibrated.best_k()
+
+
+def test_draft_calls_slower_than_calibrated_make_drafting_dearer_not_plain_steps():
+    """Draft calls that cost more in the loop than in calibration (host overhead that
+    dominates a tiny model's call): the draft's scale rises, the target's does not."""
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    unit, draft_call = MEMORY_BOUND.target_call_seconds, MEMORY_BOUND.draft_call_seconds
+    for _ in range(40):
+        draft = 3.0 * 2 * draft_call
+        verify = unit * MEMORY_BOUND.verify_cost(3)
+        policy.observe(2, 1, 2, False, seconds=draft + verify, draft_seconds=draft)
+    assert policy.draft_scale.value == pytest.approx(3.0, rel=0.1)
+    assert policy.target_scale.value == 1.0 and abs(policy.spec_overhead.value) < 0.05
+    assert policy.step_cost(0) == 1.0
+
+
+def test_the_confidence_threshold_weighs_a_draft_token_against_the_best_rate():
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    feed(policy, 0.9, 300, random.Random(9))
+    policy.choose()
+    rate = max(policy.predicted(k) for k in range(17))
+    marginal = MEMORY_BOUND.c + (MEMORY_BOUND.verify_cost(9) - 1) / 8
+    assert rate > 1.5
+    # A token must be kept often enough to pay at the rate speculation already runs at,
+    # not merely at plain decoding's one token per call.
+    assert policy.threshold == pytest.approx(min(0.95, policy.p_min()))
+    assert policy.p_min() == pytest.approx(rate * marginal, rel=1e-6)
+    assert policy.threshold > marginal
+    # The user's own threshold wins; draft-free methods have none.
+    fixed = AdaptiveK(MEMORY_BOUND, uses_draft_model=True, fixed_p_min=0.3)
+    fixed.choose()
+    assert fixed.threshold == 0.3
+    assert AdaptiveK(MEMORY_BOUND, uses_draft_model=False).p_min() == 0.0
+
+
+def test_positions_behind_a_confidence_threshold_are_expected_to_pass_it():
+    tracker = AcceptanceTracker()
+    for _ in range(3):
+        tracker.observe(1, 0)  # first tokens missed: a poor start
+    assert tracker.rates(4)[1] < 0.6
+    # Tokens after the first are drafted only when the draft is this confident.
+    assert min(tracker.rates(4, floor=0.8)[1:]) >= 0.8
+    assert tracker.rates(4, floor=0.8)[0] == tracker.rates(4)[0]
+
+
+def test_a_drafter_that_stops_early_is_costed_by_what_it_drafts():
+    """A drafter that offers two tokens whatever it is asked for (an n-gram match that ends,
+    a draft that loses confidence): asking for more costs only the calls it makes."""
+    tracker = AcceptanceTracker(decay=0.99)
+    for _ in range(300):
+        tracker.observe(2, 2, requested=8)
+    tokens, drafted, calls = tracker.expected(8)
+    assert drafted == pytest.approx(2.0, abs=0.1)
+    assert calls == pytest.approx(3.0, abs=0.1)  # the third call's token was dropped
+    assert tokens == pytest.approx(3.0, abs=0.1)
+    assert tracker.continuations(4)[:2] == [1.0, pytest.approx(1.0, abs=0.02)]
+    assert tracker.continuations(4)[2] < 0.05
+
+
+def test_confident_first_tokens_set_the_rate_expected_of_later_ones():
+    """Later draft positions pass the confidence threshold by construction; first tokens
+    that would have passed it show how often such tokens are kept, even at k = 1."""
+    tracker = AcceptanceTracker()
+    rng = random.Random(10)
+    for _ in range(60):
+        confident = rng.random() < 0.5
+        # Confident first tokens are always kept, the others never.
+        tracker.observe(
+            1, int(confident), first_confidence=0.9 if confident else 0.2, threshold=0.6
+        )
+    rates = tracker.rates(4)
+    assert 0.35 < rates[0] < 0.65
+    assert min(rates[1:]) > 0.9
+    assert tracker.continuations(3)[1] == pytest.approx(0.5, abs=0.15)
+
+
+def test_optimism_tries_longer_drafts_until_they_are_known():
+    """With only first positions seen, an optimistic policy asks for more; once deep
+    positions are seen to fail, it asks for no more than they support."""
+    short = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
+    keen = AdaptiveK(MEMORY_BOUND, uses_draft_model=True, optimism=1.0)
+    for policy in (short, keen):
+        for _ in range(10):
+            policy.observe(1, 1, 1, False)
+    assert keen.choose() > short.choose()
+    for _ in range(200):
+        keen.observe(keen.choose(), 1, keen.choose(), False)  # only the first is ever kept
+    assert keen.choose() <= 2

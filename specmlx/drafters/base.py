@@ -28,6 +28,7 @@ class Draft:
     tokens: mx.array  # (k,) uint32
     probs: mx.array | None = None  # (k, vocab) warped draft distributions
     tree: Tree | None = None
+    first_confidence: float | None = None  # the drafter's probability of its first token
 
     def __post_init__(self) -> None:
         assert self.tree is None or self.probs is None, "tree drafts are deterministic"
@@ -55,7 +56,8 @@ class Drafter(Protocol):
 
     Adaptive k also reads two optional attributes: `draft_model`, the model a drafter runs
     once per drafted token (its calls enter the cost model), and `tree_size`, the most
-    tokens a tree drafter's proposal puts in one target call.
+    tokens a tree drafter's proposal puts in one target call. It sets a third before each
+    proposal, where a drafter has it: `p_min`, the confidence below which to stop drafting.
     """
 
     def prefill(self, context: list[int]) -> None:

@@ -44,23 +44,23 @@ class DraftModelDrafter:
     def propose(self, context: list[int], k: int) -> Draft:
         self._fed = context[len(self.sequence.tokens) :]
         inputs = mx.array(self._fed, mx.uint32)
-        tokens, probs = [], []
+        tokens, probs, first = [], [], None
         for i in range(k):
             logits = self._fit_vocab(self.sequence.forward(inputs)[-1])
             token, token_probs = sample(logits, self.sampling)
-            if (
-                i > 0
-                and self.p_min > 0
-                and self._confidence(logits, token, token_probs) < self.p_min
-            ):
-                break
+            if self.p_min > 0:
+                confidence = self._confidence(logits, token, token_probs)
+                if i == 0:
+                    first = confidence  # drafted whatever it is; reported to the policy
+                elif confidence < self.p_min:
+                    break
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)
             if i < k - 1:
                 inputs = token[None]
                 mx.async_eval(token)
-        return Draft(mx.stack(tokens), mx.stack(probs) if probs else None)
+        return Draft(mx.stack(tokens), mx.stack(probs) if probs else None, first_confidence=first)
 
     @staticmethod
     def _confidence(logits: mx.array, token: mx.array, token_probs: mx.array | None) -> float:
