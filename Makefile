@@ -47,7 +47,7 @@ BENCH_OUT = --json results/$(1)-$(DATE).json --csv results/$(1)-$(DATE).csv --ma
 bench: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
-		-k 4 -k auto --max-tokens 48 $(call BENCH_OUT,bench)
+		-k 1 -k 4 -k 8 -k auto --mlx-lm-k 4 --max-tokens 48 $(call BENCH_OUT,bench)
 
 # Five code prompts, 64 tokens, greedy and T=1: our draft loop beside mlx-lm's.
 bench-code: models openblas
@@ -81,7 +81,7 @@ bench-draft-free: models openblas
 bench-stock-blas: models
 	mkdir -p results
 	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
-		-k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 --warmup 0 $(call BENCH_OUT,bench-stock-blas)
+		-k 1 -k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 --warmup 0 $(call BENCH_OUT,bench-stock-blas)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:

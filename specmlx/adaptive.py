@@ -4,27 +4,29 @@ Before each step the policy asks the drafter for the k tokens that maximize expe
 per unit of time,
 
     E(k) / cost(k),   E(k) = 1 + sum_{j<k} prod_{i<=j} g_i a_i,
-                      cost(k) = calls(k)*c + v(1 + D(k)),   D(k) = sum_{j<k} prod_{i<=j} g_i,
+                      cost(k) = D(k)*c + v(1 + D(k)),   D(k) = sum_{j<k} prod_{i<=j} g_i,
 
 where a_i is the running (exponentially decaying) rate at which draft position i is accepted
 given that it was drafted and the positions before it were accepted, g_i the rate at which
 the drafter drafts position i when asked for it (g_0 = 1; below 1 for a drafter that stops
-on low confidence or runs out of proposals), D(k) the tokens it drafts and calls(k) the
-draft-model calls it makes (D, plus one when it stops early: the call whose token it
-dropped), c the cost of one draft-model call and v(n) the cost of an n-token target call,
-both in one-token target calls (`specmlx.costs.CostProfile`); a tree drafter's calls cost its
-tree's size. Plain decoding is k = 0 with E = cost = 1. When no k beats it, the policy decodes
-plainly and probes with a speculative step now and then, so it comes back when acceptance
-recovers; while there is little experience (a response's first tokens are often missed), it
-keeps speculating as long as an upper confidence bound of the first position's rate says it
+on low confidence or runs out of proposals), D(k) the tokens it drafts, c the cost of one
+draft-model call and v(n) the cost of an n-token target call, both in one-token target
+calls (`specmlx.costs.CostProfile`); a tree drafter's calls cost its tree's size. Plain
+decoding is k = 0 with E = cost = 1. When no k beats it, the policy decodes plainly and
+probes with a speculative step now and then, so it comes back when acceptance recovers;
+while there is little experience (a response's first tokens are often missed), it keeps
+speculating as long as an upper confidence bound of the first position's rate says it
 could win.
 
-A draft model stops drafting when its own probability of the next token falls below a
-threshold (llama.cpp's p_min), set before each step from the costs: one more token costs a
-draft call and one more verified token, and pays only if its chance of being kept covers
-that cost at the rate the policy predicts for its best choice. Every token past the first
-has passed that threshold, so the acceptance expected of them is that of the first tokens
-that would have passed it (and no less than the threshold).
+A draft model ends its draft after a token whose own probability falls below a threshold
+(llama.cpp's p_min; that token is still verified, its call being spent). The threshold is
+set before each step from the costs and from what the draft's confidence has been seen to
+mean: one more token costs a draft call and one more verified token, and pays only if its
+chance of being kept covers that cost at the rate the policy predicts for its best choice;
+the chance a token of a given confidence is kept is measured as the steps go
+(`ConfidenceCalibration`: near its confidence at temperature 0, far higher when sampling).
+A draft goes on only past tokens that passed, so the acceptance expected of later positions
+is that of first tokens that would have passed (and no less than the threshold).
 
 The calibrated costs are only a model of a step, measured once; the machine they describe
 drifts (other work, heat, a calibration from another day), and a real step costs things the
@@ -70,7 +72,8 @@ class AcceptanceTracker:
     first_seen: float = 0.0
     first_passed: float = 0.0
     first_passed_accepted: float = 0.0
-    seen: list[int] = field(default_factory=list)  # reached, without decay: experience
+    first_passed_chance: float = 0.0  # their summed chance by confidence
+    steps: int = 0  # steps observed, without decay: how much experience there is
 
     def age(self) -> None:
         """One step passed: older evidence weighs less."""
@@ -79,41 +82,42 @@ class AcceptanceTracker:
         self.first_seen *= self.decay
         self.first_passed *= self.decay
         self.first_passed_accepted *= self.decay
+        self.first_passed_chance *= self.decay
 
     def observe(
         self,
         depth: int,
         n_accepted: int,
         requested: int | None = None,
-        first_confidence: float | None = None,
-        threshold: float = 0.0,
+        first_passed: bool | None = None,
+        first_chance: float = 0.0,
     ) -> None:
         """One step that was asked for `requested` positions (default `depth`), drafted
-        `depth` and had the first `n_accepted` kept. `first_confidence`: the drafter's own
-        probability of its first token, checked against the step's `threshold`."""
+        `depth` and had the first `n_accepted` kept. `first_passed`: whether the first
+        token, drafted whatever its confidence, would have passed the step's confidence
+        threshold (None: the drafter reports no confidence); `first_chance`: the chance of
+        being kept that its confidence stands for."""
         self.age()
         requested = depth if requested is None else max(requested, depth)
         for counts in (self.reached, self.accepted, self.asked, self.offered):
             counts.extend([0.0] * (requested - len(counts)))
-        self.seen.extend([0] * (requested - len(self.seen)))
+        self.steps += 1
         # Position i (0-based) was reached when all before it were accepted.
         for i in range(min(depth, n_accepted + 1)):
             self.reached[i] += 1
             self.accepted[i] += i < n_accepted
-            self.seen[i] += 1
         # Position i >= 1 was asked for when the one before it was drafted.
         for i in range(1, min(depth + 1, requested)):
             self.asked[i] += 1
             self.offered[i] += i < depth
-        if first_confidence is not None:
+        if first_passed is not None:
             self.first_seen += 1
-            if first_confidence >= threshold:
+            if first_passed:
                 self.first_passed += 1
                 self.first_passed_accepted += n_accepted >= 1
+                self.first_passed_chance += first_chance
 
-    def rates(
-        self, n: int, floor: float = 0.0, optimism: float = 0.0, first_optimism: float = 0.0
-    ) -> list[float]:
+    def rates(self, n: int, floor: float = 0.0, optimism: float = 0.0) -> list[float]:
         """Acceptance rates of positions 0..n-1, each given the ones before it were accepted.
 
         The first position leans on a fixed prior while data is scarce. Deep positions are
@@ -125,12 +129,14 @@ class AcceptanceTracker:
         passed it), else the rate pooled over all positions. `floor` raises the prior of
         positions after the first: a drafter that offers a token only when it is at least
         that confident (p_min) passes on no token it expects to lose more often.
-        `optimism` adds that many standard errors to each rate (`first_optimism`, to the
-        first position's only), an error that shrinks with the times the position was
-        reached: an upper bound, for trying what is not known yet.
+        `optimism` adds that many standard errors to the first position's rate, an error
+        that shrinks with the steps seen: an upper bound, for deciding whether to go on
+        speculating while there is little experience.
         """
-        if self.first_seen > 0:
-            base = (self.first_passed_accepted + max(PRIOR_RATE, floor) * PRIOR_WEIGHT) / (
+        if self.first_passed > 0:
+            # What a confident token's confidence says is its prior chance of being kept.
+            chance = self.first_passed_chance / self.first_passed
+            base = (self.first_passed_accepted + chance * PRIOR_WEIGHT) / (
                 self.first_passed + PRIOR_WEIGHT
             )
         else:
@@ -141,11 +147,9 @@ class AcceptanceTracker:
         for position in range(n):
             prior = max(base, rates[-1], floor) if rates else PRIOR_RATE
             rate = self._estimate(self.accepted, self.reached, position, prior)
-            bonus = optimism + (first_optimism if position == 0 else 0.0)
-            if bonus:
-                seen = self.seen[position] if position < len(self.seen) else 0
-                error = (rate * (1 - rate) / (seen + PRIOR_WEIGHT)) ** 0.5
-                rate = min(1.0, rate + bonus * error)
+            if position == 0 and optimism:
+                error = (rate * (1 - rate) / (self.steps + PRIOR_WEIGHT)) ** 0.5
+                rate = min(1.0, rate + optimism * error)
             rates.append(rate)
         return rates
 
@@ -173,26 +177,75 @@ class AcceptanceTracker:
         """Acceptance rate of `position` given the ones before it were accepted."""
         return self.rates(position + 1)[-1]
 
-    def expected(
-        self, k: int, floor: float = 0.0, optimism: float = 0.0, first_optimism: float = 0.0
-    ) -> tuple[float, float, float]:
-        """Asked for k, the tokens a step yields (the target's own included), the tokens the
-        drafter drafts, and the calls it makes (one more than it drafts when it stops
-        early: the call whose token it dropped), on average."""
+    def expected(self, k: int, floor: float = 0.0, optimism: float = 0.0) -> tuple[float, float]:
+        """Asked for k, the tokens a step yields (the target's own included) and the tokens
+        the drafter drafts, on average."""
         tokens, drafted = 1.0, 0.0
         kept = go = 1.0
-        for rate, cont in zip(
-            self.rates(k, floor, optimism, first_optimism), self.continuations(k), strict=True
-        ):
+        for rate, cont in zip(self.rates(k, floor, optimism), self.continuations(k), strict=True):
             go *= cont
             kept *= cont * rate
             tokens += kept
             drafted += go
-        return tokens, drafted, drafted + (1.0 - go)
+        return tokens, drafted
 
     def expected_tokens(self, k: int, floor: float = 0.0, optimism: float = 0.0) -> float:
         """Tokens a step asked for k yields on average, the target's own token included."""
         return self.expected(k, floor, optimism)[0]
+
+
+@dataclass
+class ConfidenceCalibration:
+    """How often a draft token is kept, by the drafter's own probability of it (in bins).
+
+    At temperature 0 a token the draft is sure of is nearly always kept and an unsure one
+    about as often as its probability says; when sampling, the drafted token's probability
+    says much less (a flat draft distribution meets a flat target one, and rejection
+    sampling keeps most of what it draws). So the confidence a draft must have to go on is
+    derived from what was measured: each bin starts at its own midpoint (a confidence taken
+    at its word) and learns, with decay, from every drafted token whose fate is known.
+    """
+
+    bins: int = 10
+    decay: float = 0.99
+    prior_weight: float = 2.0
+    kept: list[float] = field(default_factory=list)
+    seen: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.seen:
+            self.kept = [0.0] * self.bins
+            self.seen = [0.0] * self.bins
+
+    def _bin(self, confidence: float) -> int:
+        return min(int(confidence * self.bins), self.bins - 1)
+
+    def observe(self, confidences: tuple[float, ...], n_accepted: int) -> None:
+        """A draft's confidences: the first `n_accepted` tokens kept, the next rejected."""
+        self.kept = [x * self.decay for x in self.kept]
+        self.seen = [x * self.decay for x in self.seen]
+        for i, confidence in enumerate(confidences[: n_accepted + 1]):
+            b = self._bin(confidence)
+            self.seen[b] += 1
+            self.kept[b] += i < n_accepted
+
+    def chance(self, b: int) -> float:
+        """The estimated chance a token of bin b is kept."""
+        midpoint = (b + 0.5) / self.bins
+        return (self.kept[b] + midpoint * self.prior_weight) / (self.seen[b] + self.prior_weight)
+
+    def chance_of(self, confidence: float) -> float:
+        return self.chance(self._bin(confidence))
+
+    def threshold_for(self, p: float) -> float:
+        """The least confidence from which on every bin's tokens are kept with chance at
+        least p (1.0 when even the surest bin falls short)."""
+        threshold = 1.0
+        for b in reversed(range(self.bins)):
+            if self.chance(b) < p:
+                break
+            threshold = b / self.bins
+        return threshold
 
 
 @dataclass
@@ -253,29 +306,25 @@ class AdaptiveK:
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
     fixed_p_min: float | None = None  # the user's confidence threshold; None: from costs
-    optimism: float = 0.0  # standard errors added to acceptance rates when choosing k
     steps_since_probe: int = 0
     plain_steps: int = 0
+    calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
     draft_scale: Scale = field(default_factory=Scale)  # draft-model calls
     target_scale: Scale = field(default_factory=Scale)  # plain steps
     spec_overhead: Overhead = field(default_factory=Overhead)
 
-    def modelled_cost(
-        self, k: int, n_tokens: float | None = None, calls: float | None = None
-    ) -> float:
-        """The calibrated cost of a step drafting k tokens in `calls` draft-model calls
-        (default k) and verifying `n_tokens` (default k + 1, a tree's size for a tree
-        drafter), in one-token target calls."""
+    def modelled_cost(self, k: float, n_tokens: float | None = None) -> float:
+        """The calibrated cost of a step drafting k tokens (an expected number, maybe) and
+        verifying `n_tokens` (default k + 1, a tree's size for a tree drafter), in one-token
+        target calls."""
         if k == 0:
             return 1.0
         c = self.profile.c if self.uses_draft_model else 0.0
         if n_tokens is None:
             n_tokens = self.tree_size if self.tree_size is not None else k + 1
-        return (k if calls is None else calls) * c + self.profile.verify_cost(n_tokens)
+        return k * c + self.profile.verify_cost(n_tokens)
 
-    def scaled_cost(
-        self, k: int, n_tokens: float | None = None, calls: float | None = None
-    ) -> float:
+    def scaled_cost(self, k: float, n_tokens: float | None = None) -> float:
         """`modelled_cost` with each model's calls at their measured scale, plus the
         measured overhead of a speculative step (k > 0)."""
         if k == 0:
@@ -283,28 +332,29 @@ class AdaptiveK:
         c = self.profile.c if self.uses_draft_model else 0.0
         if n_tokens is None:
             n_tokens = self.tree_size if self.tree_size is not None else k + 1
-        draft = (k if calls is None else calls) * c * self.draft_scale.value
+        draft = k * c * self.draft_scale.value
         verify = self.profile.verify_cost(n_tokens) * self.target_scale.value
         return max(draft + verify + self.spec_overhead.value, 0.1)
 
-    def step_cost(self, k: int, optimism: float = 0.0, first_optimism: float = 0.0) -> float:
+    def step_cost(self, k: int, optimism: float = 0.0) -> float:
         """The expected cost of a step asked for k tokens (0: plain), in calibrated
         one-token target calls: what the drafter is expected to draft (it may stop early),
         costed by `scaled_cost`."""
         if k == 0:
             return self.scaled_cost(0)
-        _, drafted, calls = self.tracker.expected(k, self.threshold, optimism, first_optimism)
-        n_tokens = None if self.tree_size is not None else drafted + 1
-        return self.scaled_cost(k, n_tokens, calls)
+        _, drafted = self.tracker.expected(k, self.threshold, optimism)
+        if self.tree_size is not None:
+            return self.scaled_cost(k)
+        return self.scaled_cost(drafted)
 
-    def predicted(self, k: int, optimism: float = 0.0, first_optimism: float = 0.0) -> float:
+    def predicted(self, k: int, optimism: float = 0.0) -> float:
         """Predicted tokens per calibrated one-token-call time of a step asked for k tokens
         (1.0 for k = 0 while plain steps cost what calibration says); `optimism`: see
         `AcceptanceTracker.rates`."""
         if k == 0:
             return 1.0 / self.step_cost(0)
-        tokens = self.tracker.expected(k, self.threshold, optimism, first_optimism)[0]
-        return tokens / self.step_cost(k, optimism, first_optimism)
+        tokens = self.tracker.expected(k, self.threshold, optimism)[0]
+        return tokens / self.step_cost(k, optimism)
 
     def p_min(self) -> float:
         """Draft confidence below which one more draft token is predicted not to pay.
@@ -348,21 +398,25 @@ class AdaptiveK:
     def __post_init__(self) -> None:
         self._probe_interval = self.probe_every
         self._probing = False  # the step under way is a probe
-        # The confidence threshold of the step under way (the drafter's p_min), which is
-        # also the least acceptance expected of the draft positions it lets through.
+        # The least chance of being kept that a draft token past the first must have, for
+        # the step under way, and the draft confidence that stands for it (the drafter's
+        # p_min); the first is also the least acceptance expected of such tokens.
         self.threshold = self.fixed_p_min or 0.0
+        self.confidence_threshold = self.threshold
 
     def choose(self) -> int:
-        """The draft length of the next step (0: plain); updates `threshold` for it."""
+        """The draft length of the next step (0: plain); updates the thresholds for it."""
         self.threshold = self.p_min()
-        best = max(range(self.max_k + 1), key=lambda k: self.predicted(k, self.optimism))
+        if self.fixed_p_min is None and self.uses_draft_model:
+            self.confidence_threshold = self.calibration.threshold_for(self.threshold)
+        else:
+            self.confidence_threshold = self.threshold
+        best = self.best_k()
         if best == 0:
             # Little experience yet (a response's first tokens are often missed): speculate
             # while an upper bound of the acceptance still says it could win.
-            hopeful = max(
-                range(1, self.max_k + 1), key=lambda k: self.predicted(k, first_optimism=OPTIMISM)
-            )
-            if self.predicted(hopeful, first_optimism=OPTIMISM) > self.predicted(0):
+            hopeful = max(range(1, self.max_k + 1), key=lambda k: self.predicted(k, OPTIMISM))
+            if self.predicted(hopeful, OPTIMISM) > self.predicted(0):
                 best = hopeful
         self._probing = False
         if best > 0:
@@ -395,31 +449,34 @@ class AdaptiveK:
         draft_seconds: float | None = None,
         *,
         requested: int | None = None,
-        first_confidence: float | None = None,
+        confidences: tuple[float, ...] | None = None,
     ) -> None:
         """One step's outcome: a draft of `depth` positions (`n_drafted` tokens, a tree's
         nodes for a tree) where `requested` were asked for (default: as many as drafted),
         `n_accepted` kept. `seconds`, its wall time, and `draft_seconds`, the part the draft
         model's calls took (measured apart only for a draft model), refine the costs;
-        `first_confidence`, the draft's probability of its first token, the acceptance
-        expected of confident tokens."""
+        `confidences`, the draft's probability of each token, what its confidence says."""
         unit = self.profile.target_call_seconds
         if depth == 0:
             if seconds is not None:
                 self.target_scale.observe(seconds / unit)
             return
         requested = depth if is_tree or requested is None else requested
-        self.tracker.observe(depth, n_accepted, requested, first_confidence, self.threshold)
+        passed, chance = None, 0.0
+        if confidences and not is_tree:
+            passed = confidences[0] >= self.confidence_threshold
+            chance = self.calibration.chance_of(confidences[0])
+            self.calibration.observe(confidences, n_accepted)
+        self.tracker.observe(depth, n_accepted, requested, passed, chance)
         if is_tree:
             self.tree_size = n_drafted + 1
         # A probe also pays for the draft catching up on the plain stretch before it: a
         # cost of falling back, not of speculating, so it does not count here.
         if self._probing:
             return
-        calls = n_drafted + (not is_tree and n_drafted < requested)  # the dropped token's
         draft_call = self.profile.draft_call_seconds
         if draft_seconds is not None and draft_call and self.uses_draft_model:
-            self.draft_scale.observe(draft_seconds / (calls * draft_call), calls=calls)
+            self.draft_scale.observe(draft_seconds / (n_drafted * draft_call), calls=n_drafted)
         if seconds is not None:
-            cost = self.scaled_cost(n_drafted, n_drafted + 1, calls) - self.spec_overhead.value
+            cost = self.scaled_cost(n_drafted) - self.spec_overhead.value
             self.spec_overhead.observe(seconds / unit - cost)

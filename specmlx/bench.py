@@ -56,8 +56,14 @@ class RowSpec:
         return name
 
 
-def make_rows(methods: list[str], ks: list[int | None], mlx_lm: bool = True) -> tuple[RowSpec, ...]:
-    """`none`, then every (method, k), then mlx-lm at each fixed k when a draft model is used.
+def make_rows(
+    methods: list[str],
+    ks: list[int | None],
+    mlx_lm: bool = True,
+    mlx_lm_ks: list[int] | None = None,
+) -> tuple[RowSpec, ...]:
+    """`none`, then every (method, k), then mlx-lm when a draft model is used: at each k of
+    `mlx_lm_ks`, or at each fixed k when that is None.
 
     A k of None is adaptive (`-k auto`); mlx-lm has no such mode.
     """
@@ -65,13 +71,14 @@ def make_rows(methods: list[str], ks: list[int | None], mlx_lm: bool = True) -> 
     for method in methods:
         if method not in known:
             raise UsageError(f"unknown method {method!r}; choose from {', '.join(known)}")
-    for k in ks:
+    for k in [*ks, *(mlx_lm_ks or [])]:
         if k is not None and not 1 <= k <= 64:
             raise UsageError(f"k must be between 1 and 64, got {k}")
     rows = [RowSpec("none")]
     rows += [RowSpec(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(ks)]
     if mlx_lm and "draft" in methods:
-        rows += [RowSpec(MLX_LM, k) for k in dict.fromkeys(ks) if k is not None]
+        reference = ks if mlx_lm_ks is None else mlx_lm_ks
+        rows += [RowSpec(MLX_LM, k) for k in dict.fromkeys(reference) if k is not None]
     return tuple(rows)
 
 

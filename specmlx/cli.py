@@ -421,6 +421,10 @@ def bench(
     mlx_lm: Annotated[
         bool, typer.Option(help="Add mlx-lm's speculative decoding at each k, as reference.")
     ] = True,
+    mlx_lm_k: Annotated[
+        list[int] | None,
+        typer.Option("--mlx-lm-k", help="mlx-lm's draft lengths (default: each fixed -k)."),
+    ] = None,
     temp: Annotated[
         list[float] | None, typer.Option("--temp", help="Temperature (repeatable); 0 is greedy.")
     ] = None,
@@ -463,7 +467,7 @@ def bench(
     if suite or prompts is None:
         suites += [load_suite(name, limit) for name in suite_names(suite or ["all"])]
     methods = method or ["draft"]
-    rows = make_rows(methods, _parse_ks(k or ["4"]), mlx_lm)
+    rows = make_rows(methods, _parse_ks(k or ["4"]), mlx_lm, mlx_lm_k)
     if plot is not None:
         bench_report.require_matplotlib()
     outputs = [p for p in (json_path, csv_path, markdown_path, plot) if p is not None]

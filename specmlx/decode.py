@@ -107,7 +107,7 @@ def decode(
         last = context[-1]
         k_chosen = 0 if drafter is None else policy.choose() if policy else k
         if policy is not None and hasattr(drafter, "p_min"):
-            drafter.p_min = policy.threshold
+            drafter.p_min = policy.confidence_threshold
         # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
         k_step = min(k_chosen, max_tokens - produced - 1)
         draft = drafter.propose(context, k_step) if k_step > 0 else None
@@ -141,7 +141,7 @@ def decode(
                     seconds,
                     draft_seconds,
                     requested=k_step,
-                    first_confidence=draft.first_confidence,
+                    confidences=draft.confidences,
                 )
 
         emitted = [*verdict.accepted, token]

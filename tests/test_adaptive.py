@@ -268,10 +268,11 @@ def test_a_drafter_that_stops_early_is_costed_by_what_it_drafts():
     tracker = AcceptanceTracker(decay=0.99)
     for _ in range(300):
         tracker.observe(2, 2, requested=8)
-    tokens, drafted, calls = tracker.expected(8)
+    tokens, drafted = tracker.expected(8)
     assert drafted == pytest.approx(2.0, abs=0.1)
-    assert calls == pytest.approx(3.0, abs=0.1)  # the third call's token was dropped
     assert tokens == pytest.approx(3.0, abs=0.1)
+    policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True, tracker=tracker)
+    assert policy.step_cost(8) == pytest.approx(policy.modelled_cost(2), rel=0.05)
     assert tracker.continuations(4)[:2] == [1.0, pytest.approx(1.0, abs=0.02)]
     assert tracker.continuations(4)[2] < 0.05
 
@@ -284,24 +285,66 @@ def test_confident_first_tokens_set_the_rate_expected_of_later_ones():
     for _ in range(60):
         confident = rng.random() < 0.5
         # Confident first tokens are always kept, the others never.
-        tracker.observe(
-            1, int(confident), first_confidence=0.9 if confident else 0.2, threshold=0.6
-        )
+        tracker.observe(1, int(confident), first_passed=confident, first_chance=0.9)
     rates = tracker.rates(4)
     assert 0.35 < rates[0] < 0.65
     assert min(rates[1:]) > 0.9
     assert tracker.continuations(3)[1] == pytest.approx(0.5, abs=0.15)
 
 
-def test_optimism_tries_longer_drafts_until_they_are_known():
-    """With only first positions seen, an optimistic policy asks for more; once deep
-    positions are seen to fail, it asks for no more than they support."""
-    short = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
-    keen = AdaptiveK(MEMORY_BOUND, uses_draft_model=True, optimism=1.0)
-    for policy in (short, keen):
-        for _ in range(10):
-            policy.observe(1, 1, 1, False)
-    assert keen.choose() > short.choose()
-    for _ in range(200):
-        keen.observe(keen.choose(), 1, keen.choose(), False)  # only the first is ever kept
-    assert keen.choose() <= 2
+def test_one_early_miss_does_not_switch_speculation_off():
+    """A response's first draft token is often missed. With so little experience the
+    policy keeps speculating while an upper bound of the acceptance could still win, and
+    falls back only once misses pile up."""
+    costs = CostProfile(0.01, 0.005, {k: 1 + 0.1 * (k - 1) for k in range(1, 17)})
+    policy = AdaptiveK(costs, uses_draft_model=True)
+    assert policy.choose() > 0
+    policy.observe(1, 0, 1, False)
+    assert policy.best_k() == 0  # the estimate alone would give up here
+    assert policy.choose() > 0
+    for _ in range(8):
+        policy.observe(1, 0, 1, False)
+    assert policy.choose() == 0
+
+
+def test_the_confidence_a_draft_needs_follows_what_its_confidence_has_meant():
+    """Greedy drafts are kept about as often as their confidence says; sampled drafts of
+    low confidence are still kept most of the time. The same chance of being kept then
+    asks for a high confidence in the first case and a low one in the second."""
+    from specmlx.adaptive import ConfidenceCalibration
+
+    rng = random.Random(11)
+    greedy, sampled = ConfidenceCalibration(), ConfidenceCalibration()
+    for _ in range(400):
+        confidences = tuple(rng.random() for _ in range(4))
+        for table, chance in ((greedy, lambda q: q), (sampled, lambda q: 0.7 + 0.3 * q)):
+            n = 0
+            while n < 4 and rng.random() < chance(confidences[n]):
+                n += 1
+            table.observe(confidences, n)
+    assert 0.5 <= greedy.threshold_for(0.6) <= 0.7
+    assert sampled.threshold_for(0.6) <= 0.1
+    assert sampled.threshold_for(0.99) == 1.0  # no bin is that sure: stop after one token
+
+
+def test_an_unsure_draft_token_ends_the_draft_and_is_verified(tiny_dirs):
+    import mlx_lm
+
+    from specmlx.drafters.draft_model import DraftModelDrafter
+    from specmlx.sampling import SamplingConfig
+
+    model, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    context = tokenizer.encode("hello there")
+    sure = DraftModelDrafter(model, SamplingConfig(), 320, p_min=1e-9)
+    sure.prefill(context)
+    draft = sure.propose(context, 5)
+    assert draft.size == 5 and len(draft.confidences) == 5
+    least = min(draft.confidences)
+    unsure = DraftModelDrafter(model, SamplingConfig(), 320, p_min=least + 1e-6)
+    unsure.prefill(context)
+    cut = unsure.propose(context, 5)
+    stop = draft.confidences.index(least)
+    # The tokens up to and including the first unsure one, as drafted without a cut.
+    assert cut.size == stop + 1
+    assert cut.tokens.tolist() == draft.tokens.tolist()[: stop + 1]
+    assert cut.confidences == pytest.approx(draft.confidences[: stop + 1])

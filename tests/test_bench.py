@@ -127,6 +127,14 @@ def test_rows_are_method_k_pairs() -> None:
     rows = make_rows(["draft"], [2, 4, 2])
     assert [r.name for r in rows] == ["none", "draft k=2", "draft k=4", "mlx-lm k=2", "mlx-lm k=4"]
     assert [r.name for r in make_rows(["draft"], [4], mlx_lm=False)] == ["none", "draft k=4"]
+    only_at_4 = make_rows(["draft"], [1, 4, None], mlx_lm_ks=[4])
+    assert [r.name for r in only_at_4] == [
+        "none",
+        "draft k=1",
+        "draft k=4",
+        "draft k=auto",
+        "mlx-lm k=4",
+    ]
     with pytest.raises(UsageError, match="unknown method"):
         make_rows(["medusa"], [4])
     with pytest.raises(UsageError, match="k must be"):

@@ -169,7 +169,7 @@ def test_adaptive_k_keeps_greedy_output(llama):
             )
             assert [t for s in steps for t in s.tokens] == plain
             # The policy set the drafter's confidence threshold for every step.
-            assert drafter.p_min == policy.threshold > 0
+            assert drafter.p_min == policy.confidence_threshold > 0
 
 
 def test_p_min_stops_drafting_early_and_keeps_output(llama):

@@ -28,7 +28,8 @@ class Draft:
     tokens: mx.array  # (k,) uint32
     probs: mx.array | None = None  # (k, vocab) warped draft distributions
     tree: Tree | None = None
-    first_confidence: float | None = None  # the drafter's probability of its first token
+    # The drafter's own probability of each token it drafted, where it computed them.
+    confidences: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         assert self.tree is None or self.probs is None, "tree drafts are deterministic"

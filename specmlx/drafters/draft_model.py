@@ -29,8 +29,9 @@ class DraftModelDrafter:
         self.sequence = Sequence(model)
         self.draft_model = model  # its calls enter the cost model of adaptive k
         self.sampling = sampling
-        # Stop drafting when the draft's own probability of its token falls below p_min
-        # (llama.cpp's p_min); 0 drafts all k. Checking costs a host sync per token.
+        # Stop drafting after a token whose own probability is below p_min (as llama.cpp's
+        # p_min, which drops that token); 0 drafts all k. Checking costs a host sync per
+        # token.
         self.p_min = p_min
         # Target vocab: draft logits are padded or cut to it before sampling, so that
         # verification compares the two models over one index space, and the draft samples
@@ -44,23 +45,27 @@ class DraftModelDrafter:
     def propose(self, context: list[int], k: int) -> Draft:
         self._fed = context[len(self.sequence.tokens) :]
         inputs = mx.array(self._fed, mx.uint32)
-        tokens, probs, first = [], [], None
+        tokens, probs, confidences = [], [], []
         for i in range(k):
             logits = self._fit_vocab(self.sequence.forward(inputs)[-1])
             token, token_probs = sample(logits, self.sampling)
-            if self.p_min > 0:
-                confidence = self._confidence(logits, token, token_probs)
-                if i == 0:
-                    first = confidence  # drafted whatever it is; reported to the policy
-                elif confidence < self.p_min:
-                    break
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)
+            if self.p_min > 0:
+                confidences.append(self._confidence(logits, token, token_probs))
+                # An unsure token ends the draft, but is verified with it: its call is spent
+                # already, and one more verified token costs little.
+                if confidences[-1] < self.p_min:
+                    break
             if i < k - 1:
                 inputs = token[None]
                 mx.async_eval(token)
-        return Draft(mx.stack(tokens), mx.stack(probs) if probs else None, first_confidence=first)
+        return Draft(
+            mx.stack(tokens),
+            mx.stack(probs) if probs else None,
+            confidences=tuple(confidences) if confidences else None,
+        )
 
     @staticmethod
     def _confidence(logits: mx.array, token: mx.array, token_probs: mx.array | None) -> float:
