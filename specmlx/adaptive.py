@@ -357,15 +357,15 @@ class AdaptiveK:
         return tokens / self.step_cost(k, optimism)
 
     def p_min(self) -> float:
-        """Draft confidence below which one more draft token is predicted not to pay.
+        """The least chance of being kept that makes one more draft token pay.
 
         One more draft token costs a draft call and one more verified token, at the measured
-        scale; it yields a token only if it is accepted, for which the draft's own
-        probability stands in. The time could instead go into the steps as they run, at the
-        best predicted rate (tokens per call-time): the token pays only if its chance of
-        being kept, times that rate's inverse, covers its cost. (Weighed against plain
-        decoding's one token per call instead, the threshold would come out too low and
-        keep drafting tokens that cost more than they bring.)
+        scales. The time could instead go into steps as they run, at the best predicted
+        rate (tokens per call-time): the token pays only if its chance of being kept covers
+        its cost at that rate. (Weighed against plain decoding's one token per call instead,
+        the threshold would come out too low and keep drafting tokens that cost more than
+        they bring.) `choose` turns it into the draft confidence that stands for it; a
+        user's fixed p_min is a confidence already.
         """
         if not self.uses_draft_model:
             return 0.0
@@ -412,9 +412,10 @@ class AdaptiveK:
         else:
             self.confidence_threshold = self.threshold
         best = self.best_k()
-        if best == 0:
+        if best == 0 and self.tree_size is None:
             # Little experience yet (a response's first tokens are often missed): speculate
-            # while an upper bound of the acceptance still says it could win.
+            # while an upper bound of the acceptance still says it could win. Not for a tree
+            # drafter: every step of it costs the whole tree, however short the draft asked.
             hopeful = max(range(1, self.max_k + 1), key=lambda k: self.predicted(k, OPTIMISM))
             if self.predicted(hopeful, OPTIMISM) > self.predicted(0):
                 best = hopeful

@@ -61,6 +61,8 @@ class GenerationConfig:
             raise UsageError(
                 f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min} and {self.ngram_max}"
             )
+        if self.p_min is not None and not 0 <= self.p_min <= 1:
+            raise UsageError(f"p_min must be between 0 and 1, got {self.p_min}")
         if self.window < 1 or self.ngram_size < 2 or self.guesses < 0:
             raise UsageError("lookahead needs window >= 1, ngram-size >= 2 and guesses >= 0")
 

@@ -305,6 +305,13 @@ def test_one_early_miss_does_not_switch_speculation_off():
     for _ in range(8):
         policy.observe(1, 0, 1, False)
     assert policy.choose() == 0
+    # A tree drafter's every step costs its whole tree: one miss is evidence enough.
+    dear_tree = CostProfile(0.01, None, {k: 1 + 0.05 * (k - 1) for k in range(1, 31)})
+    tree = AdaptiveK(dear_tree, uses_draft_model=False, tree_size=30)
+    assert tree.choose() > 0
+    tree.observe(4, 0, 29, True)
+    assert tree.predicted(4, 1.0) > tree.predicted(0)  # hope alone would try again
+    assert tree.choose() == 0
 
 
 def test_the_confidence_a_draft_needs_follows_what_its_confidence_has_meant():
@@ -348,3 +355,12 @@ def test_an_unsure_draft_token_ends_the_draft_and_is_verified(tiny_dirs):
     assert cut.size == stop + 1
     assert cut.tokens.tolist() == draft.tokens.tolist()[: stop + 1]
     assert cut.confidences == pytest.approx(draft.confidences[: stop + 1])
+
+
+def test_a_fixed_confidence_threshold_must_be_a_probability():
+    from specmlx.api import GenerationConfig
+    from specmlx.errors import UsageError
+
+    assert GenerationConfig(p_min=0.4).p_min == 0.4
+    with pytest.raises(UsageError, match="p_min must be between 0 and 1"):
+        GenerationConfig(p_min=1.5)
