@@ -434,9 +434,10 @@ class AdaptiveK:
             self._probing = True
             return max(range(1, min(4, self.max_k) + 1), key=self.predicted)
         self.plain_steps += 1
-        self.tracker.age()  # evidence fades with time, not only with drafts
-        # So does a measured overhead of speculating (it may have been a passing cost): once
-        # it has faded enough, speculative steps measure it again.
+        # The acceptance estimate stays as it was (fading it toward the prior would bring
+        # speculation back on no evidence; probes refresh it), but a measured overhead of
+        # speculating may have been a passing cost: once faded, speculative steps measure
+        # it again.
         self.spec_overhead.age(self.tracker.decay)
         return 0
 

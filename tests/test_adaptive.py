@@ -364,3 +364,13 @@ def test_a_fixed_confidence_threshold_must_be_a_probability():
     assert GenerationConfig(p_min=0.4).p_min == 0.4
     with pytest.raises(UsageError, match="p_min must be between 0 and 1"):
         GenerationConfig(p_min=1.5)
+
+
+def test_a_plain_stretch_does_not_bring_speculation_back_by_itself():
+    """Only probes bring speculation back: the acceptance estimate does not drift toward
+    the optimistic prior while nothing is drafted."""
+    policy = AdaptiveK(
+        MEMORY_BOUND, uses_draft_model=True, probe_every=10_000, max_probe_every=10_000
+    )
+    feed(policy, 0.02, 60, random.Random(12))
+    assert [policy.choose() for _ in range(300)] == [0] * 300
