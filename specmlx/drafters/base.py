@@ -58,7 +58,7 @@ class Drafter(Protocol):
     Adaptive k also reads two optional attributes: `draft_model`, the model a drafter runs
     once per drafted token (its calls enter the cost model), and `tree_size`, the most
     tokens a tree drafter's proposal puts in one target call. It sets a third before each
-    proposal, where a drafter has it: `p_min`, the confidence below which to stop drafting.
+    proposal, where a drafter has it: `p_min`, the confidence below which a token ends the draft.
     """
 
     def prefill(self, context: list[int]) -> None:
