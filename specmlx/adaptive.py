@@ -317,44 +317,45 @@ class AdaptiveK:
         """The calibrated cost of a step drafting k tokens (an expected number, maybe) and
         verifying `n_tokens` (default k + 1, a tree's size for a tree drafter), in one-token
         target calls."""
-        if k == 0:
-            return 1.0
-        c = self.profile.c if self.uses_draft_model else 0.0
-        if n_tokens is None:
-            n_tokens = self.tree_size if self.tree_size is not None else k + 1
-        return k * c + self.profile.verify_cost(n_tokens)
+        return self._cost(k, n_tokens, measured=False)
 
     def scaled_cost(self, k: float, n_tokens: float | None = None) -> float:
         """`modelled_cost` with each model's calls at their measured scale, plus the
         measured overhead of a speculative step (k > 0)."""
+        return self._cost(k, n_tokens, measured=True)
+
+    def _cost(self, k: float, n_tokens: float | None, measured: bool) -> float:
+        draft_scale = self.draft_scale.value if measured else 1.0
+        target_scale = self.target_scale.value if measured else 1.0
         if k == 0:
-            return max(self.target_scale.value, 0.1)
+            return max(target_scale, 0.1)
         c = self.profile.c if self.uses_draft_model else 0.0
         if n_tokens is None:
             n_tokens = self.tree_size if self.tree_size is not None else k + 1
-        draft = k * c * self.draft_scale.value
-        verify = self.profile.verify_cost(n_tokens) * self.target_scale.value
-        return max(draft + verify + self.spec_overhead.value, 0.1)
+        cost = k * c * draft_scale + self.profile.verify_cost(n_tokens) * target_scale
+        return max(cost + self.spec_overhead.value, 0.1) if measured else cost
 
     def step_cost(self, k: int, optimism: float = 0.0) -> float:
         """The expected cost of a step asked for k tokens (0: plain), in calibrated
         one-token target calls: what the drafter is expected to draft (it may stop early),
         costed by `scaled_cost`."""
-        if k == 0:
-            return self.scaled_cost(0)
-        _, drafted = self.tracker.expected(k, self.threshold, optimism)
-        if self.tree_size is not None:
-            return self.scaled_cost(k)
-        return self.scaled_cost(drafted)
+        return self._expected(k, optimism)[1]
 
     def predicted(self, k: int, optimism: float = 0.0) -> float:
         """Predicted tokens per calibrated one-token-call time of a step asked for k tokens
         (1.0 for k = 0 while plain steps cost what calibration says); `optimism`: see
         `AcceptanceTracker.rates`."""
+        tokens, cost = self._expected(k, optimism)
+        return tokens / cost
+
+    def _expected(self, k: int, optimism: float) -> tuple[float, float]:
+        """The tokens and the cost of a step asked for k tokens, on average."""
         if k == 0:
-            return 1.0 / self.step_cost(0)
-        tokens = self.tracker.expected(k, self.threshold, optimism)[0]
-        return tokens / self.step_cost(k, optimism)
+            return 1.0, self.scaled_cost(0)
+        tokens, drafted = self.tracker.expected(k, self.threshold, optimism)
+        if self.tree_size is not None:  # every step costs the whole tree
+            return tokens, self.scaled_cost(k)
+        return tokens, self.scaled_cost(drafted)
 
     def p_min(self) -> float:
         """The least chance of being kept that makes one more draft token pay.
