@@ -145,10 +145,11 @@ def test_a_tree_drafter_is_costed_by_its_size_from_the_first_step():
 def test_unseen_deep_positions_lean_on_the_rate_before_them():
     """Half the drafts miss at once, the rest match to the end: deep positions keep matching."""
     tracker = AcceptanceTracker(decay=0.99)
-    for i in range(400):
-        tracker.observe(3, 0 if i % 2 else 3)
+    rng = random.Random(3)
+    for _ in range(400):
+        tracker.observe(3, 0 if rng.random() < 0.5 else 3)
     rates = tracker.rates(8)
-    assert abs(rates[0] - 0.5) < 0.05
+    assert abs(rates[0] - 0.5) < 0.1
     assert rates[2] > 0.95
     assert rates[7] > 0.95  # never reached: the rate before it, not the pooled ~0.75
 
@@ -334,6 +335,26 @@ def test_the_confidence_a_draft_needs_follows_what_its_confidence_has_meant():
     assert sampled.threshold_for(0.99) == 1.0  # no bin is that sure: stop after one token
 
 
+def test_one_unlucky_bin_does_not_block_the_confident_bins_below_it():
+    """Tokens of confidence 0.3-0.6 are kept 90% of the time, but the 0.6 bin lost its
+    few tokens: read bin by bin, that bin alone would push the needed confidence to 0.7.
+    The fit pools it with its neighbours (a surer token is not less likely kept)."""
+    from specmlx.adaptive import ConfidenceCalibration
+
+    table = ConfidenceCalibration(decay=1.0)
+    for b in (3, 4, 5):
+        table.seen[b], table.kept[b] = 40.0, 36.0
+    table.seen[6], table.kept[6] = 3.0, 0.0
+    for b in (7, 8, 9):
+        table.seen[b], table.kept[b] = 40.0, 39.0
+    fitted = table.fitted()
+    assert all(a <= b for a, b in zip(fitted, fitted[1:], strict=False))
+    assert table._raw(6) < 0.5  # bin by bin, 0.6 would fail a 0.8 requirement ...
+    assert table.threshold_for(0.8) == 0.3  # ... but pooled, 0.3 and up all pass
+    assert table.chance(6) > 0.8
+    assert table.threshold_for(0.99) == 1.0
+
+
 def test_an_unsure_draft_token_ends_the_draft_and_is_verified(tiny_dirs):
     import mlx_lm
 
@@ -374,3 +395,54 @@ def test_a_plain_stretch_does_not_bring_speculation_back_by_itself():
     )
     feed(policy, 0.02, 60, random.Random(12))
     assert [policy.choose() for _ in range(300)] == [0] * 300
+
+
+LAPTOP = CostProfile(0.5, 0.2, {1: 1.0, 2: 1.11, 4: 1.33, 8: 1.45, 16: 1.83})
+
+
+def run_stream(
+    policy: AdaptiveK | None,
+    fixed_k: int,
+    seed: int,
+    after_miss: float,
+    on_track: float,
+    later: float,
+) -> float:
+    """Tokens per unit of cost (one-token target calls) over steps 100..399 of a stream
+    whose first draft token is kept with chance `after_miss` after a step that ended on a
+    rejection, else `on_track`, and every later one with chance `later`; the policy's k,
+    or a fixed one."""
+    rng = random.Random(seed)
+    missed, tokens, cost = False, 0.0, 0.0
+    for step in range(400):
+        k = policy.choose() if policy else fixed_k
+        n = 0
+        while n < k and rng.random() < (later if n else after_miss if missed else on_track):
+            n += 1
+        if policy:
+            policy.observe(k, n, k, is_tree=False)
+        missed = n < k
+        if step >= 100:
+            tokens += n + 1
+            cost += k * LAPTOP.c + LAPTOP.verify_cost(k + 1) if k else 1.0
+    return tokens / cost
+
+
+def test_a_draft_after_a_rejected_token_is_expected_to_be_kept_less_often():
+    """A draft that has to follow a token it did not expect (the target's correction) is
+    missed more often than one after a kept draft, as the real pair's drafts are (0.64
+    against 0.85 at T = 1). Pooled, the misses after rejections would make every position
+    look bad and keep drafts short; kept apart, the policy drafts long when on track and
+    short after a miss, and beats every fixed k."""
+    stream = (0.4, 0.9, 0.9)
+    ratios = []
+    for seed in range(4):
+        best = max(run_stream(None, k, seed, *stream) for k in range(13))
+        policy = AdaptiveK(LAPTOP, uses_draft_model=True)
+        auto = run_stream(policy, 0, seed, *stream)
+        ratios.append(auto / best)
+    assert sum(ratios) / len(ratios) >= 1.0, ratios
+    policy.tracker.missed = False
+    on_track = policy.best_k()
+    policy.tracker.missed = True
+    assert policy.best_k() < on_track
