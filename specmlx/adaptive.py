@@ -37,7 +37,10 @@ measured as they happen. Drift is a scale per model: the draft model's calls, ti
 from the verify call, against their calibrated time, and plain steps against a one-token
 target call (a decaying mean of each ratio), which multiply the draft and the target parts
 of every modelled cost. What is left of a speculative step's wall time beyond that is kept
-as a decaying mean and added to the cost of speculative steps.
+as a decaying mean and added to the cost of speculative steps; and kept apart for each
+number of tokens verified, leaning on that mean, since the calibrated curve v(n) is itself
+a measurement of a few calls (on a shared CPU it moves by ~15% from one calibration to the
+next) and a step of one size may run cheaper or dearer than it says.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ PRIOR_RATE = 0.7
 PRIOR_WEIGHT = 4.0
 # Standard errors of the first position's rate added before falling back to plain decoding.
 OPTIMISM = 1.0
+# Steps of evidence the overhead over all sizes counts for in one size's own estimate.
+SIZE_PRIOR = 2.0
 
 
 @dataclass
@@ -147,9 +152,9 @@ class AcceptanceTracker:
         The first position's rate is that of the state the last step left: a draft that
         follows a rejected token (one the draft did not expect) is kept less often than one
         that follows a kept draft or a plain step ("on track"), which is what a later
-        position does: 0.64 against 0.85, first tokens of the Qwen pair sampling at T = 1
-        over 186 recorded steps (0.71 against 0.92 at T = 0). Each state's rate leans on
-        the first position's pooled rate, which leans on a fixed prior while data is scarce.
+        position does (far less often, on the Qwen pair, at T = 0 and when sampling). Each
+        state's rate leans on the first position's pooled rate, which leans on a fixed
+        prior while data is scarce.
 
         Deep positions are reached rarely, and never while the drafts stay short; each
         one's estimate leans on a prior: the rate of the position before it, or a base rate
@@ -373,6 +378,9 @@ class AdaptiveK:
     draft_scale: Scale = field(default_factory=Scale)  # draft-model calls
     target_scale: Scale = field(default_factory=Scale)  # plain steps
     spec_overhead: Overhead = field(default_factory=Overhead)
+    # The same, per number of tokens verified (its evidence fades with every speculative
+    # step, so a size that stops being drafted leans back on the overhead over all sizes).
+    size_overhead: dict[int, Overhead] = field(default_factory=dict)
 
     def modelled_cost(self, k: float, n_tokens: float | None = None) -> float:
         """The calibrated cost of a step drafting k tokens (an expected number, maybe) and
@@ -382,8 +390,34 @@ class AdaptiveK:
 
     def scaled_cost(self, k: float, n_tokens: float | None = None) -> float:
         """`modelled_cost` with each model's calls at their measured scale, plus the
-        measured overhead of a speculative step (k > 0)."""
-        return self._cost(k, n_tokens, measured=True)
+        measured overhead of a speculative step (k > 0) of its size."""
+        cost = self._cost(k, n_tokens, measured=True)
+        if k == 0:
+            return cost
+        return max(cost + self.overhead(self._size(k, n_tokens)), 0.1)
+
+    def overhead(self, n_tokens: float) -> float:
+        """The measured cost, beyond the model, of a speculative step verifying `n_tokens`
+        (an expected number, maybe: interpolated between the sizes around it): each size's
+        own decaying mean, drawn toward the mean over all sizes while it has little
+        evidence."""
+        pooled = self.spec_overhead.value
+
+        def at(n: int) -> float:
+            own = self.size_overhead.get(n)
+            if own is None:
+                return pooled
+            return (own.total + pooled * SIZE_PRIOR) / (own.weight + SIZE_PRIOR)
+
+        low = int(n_tokens)
+        share = n_tokens - low
+        return at(low) if share == 0 else (1 - share) * at(low) + share * at(low + 1)
+
+    def _size(self, k: float, n_tokens: float | None) -> float:
+        """Tokens a step drafting k verifies: k + 1, or a tree's size."""
+        if n_tokens is not None:
+            return n_tokens
+        return self.tree_size if self.tree_size is not None else k + 1
 
     def _cost(self, k: float, n_tokens: float | None, measured: bool) -> float:
         draft_scale = self.draft_scale.value if measured else 1.0
@@ -391,10 +425,8 @@ class AdaptiveK:
         if k == 0:
             return max(target_scale, 0.1)
         c = self.profile.c if self.uses_draft_model else 0.0
-        if n_tokens is None:
-            n_tokens = self.tree_size if self.tree_size is not None else k + 1
-        cost = k * c * draft_scale + self.profile.verify_cost(n_tokens) * target_scale
-        return max(cost + self.spec_overhead.value, 0.1) if measured else cost
+        verify = self.profile.verify_cost(self._size(k, n_tokens))
+        return k * c * draft_scale + verify * target_scale
 
     def step_cost(self, k: int, optimism: float = 0.0) -> float:
         """The expected cost of a step asked for k tokens (0: plain), in calibrated
@@ -501,6 +533,8 @@ class AdaptiveK:
         # speculating may have been a passing cost: once faded, speculative steps measure
         # it again.
         self.spec_overhead.age(self.tracker.decay)
+        for own in self.size_overhead.values():
+            own.age(self.tracker.decay)
         return 0
 
     def observe(
@@ -543,5 +577,9 @@ class AdaptiveK:
         if draft_seconds is not None and draft_call and self.uses_draft_model:
             self.draft_scale.observe(draft_seconds / (n_drafted * draft_call), calls=n_drafted)
         if seconds is not None:
-            cost = self.scaled_cost(n_drafted) - self.spec_overhead.value
-            self.spec_overhead.observe(seconds / unit - cost)
+            # The step's cost as modelled at the measured scales, its overhead left out.
+            excess = seconds / unit - self._cost(n_drafted, None, measured=True)
+            self.spec_overhead.observe(excess)
+            for own in self.size_overhead.values():
+                own.age(self.tracker.decay)
+            self.size_overhead.setdefault(n_drafted + 1, Overhead()).observe(excess)
