@@ -413,6 +413,11 @@ class AdaptiveK:
         share = n_tokens - low
         return at(low) if share == 0 else (1 - share) * at(low) + share * at(low + 1)
 
+    def _age_sizes(self) -> None:
+        """A step passed: each size's own overhead counts for less against the pooled one."""
+        for own in self.size_overhead.values():
+            own.age(self.tracker.decay)
+
     def _size(self, k: float, n_tokens: float | None) -> float:
         """Tokens a step drafting k verifies: k + 1, or a tree's size."""
         if n_tokens is not None:
@@ -533,8 +538,7 @@ class AdaptiveK:
         # speculating may have been a passing cost: once faded, speculative steps measure
         # it again.
         self.spec_overhead.age(self.tracker.decay)
-        for own in self.size_overhead.values():
-            own.age(self.tracker.decay)
+        self._age_sizes()
         return 0
 
     def observe(
@@ -580,6 +584,5 @@ class AdaptiveK:
             # The step's cost as modelled at the measured scales, its overhead left out.
             excess = seconds / unit - self._cost(n_drafted, None, measured=True)
             self.spec_overhead.observe(excess)
-            for own in self.size_overhead.values():
-                own.age(self.tracker.decay)
+            self._age_sizes()
             self.size_overhead.setdefault(n_drafted + 1, Overhead()).observe(excess)
