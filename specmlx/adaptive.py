@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from specmlx.costs import CostProfile
 
 # The start: speculate until the data says otherwise, and let no single rejection decide.
+# A drafter that knows it starts worse says so (its `prior_acceptance`).
 PRIOR_RATE = 0.7
 PRIOR_WEIGHT = 4.0
 # Standard errors of the first position's rate added before falling back to plain decoding.
@@ -70,6 +71,7 @@ class AcceptanceTracker:
     """
 
     decay: float = 0.97  # an effective memory of about 30 steps
+    prior_rate: float = PRIOR_RATE  # the first position's rate before any evidence
     reached: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
     asked: list[float] = field(default_factory=list)
@@ -169,7 +171,7 @@ class AcceptanceTracker:
         upper bound, for deciding whether to go on speculating while there is little
         experience.
         """
-        pooled = self._estimate(self.accepted, self.reached, 0, PRIOR_RATE)
+        pooled = self._estimate(self.accepted, self.reached, 0, self.prior_rate)
         first = [
             (accepted + pooled * PRIOR_WEIGHT) / (reached + PRIOR_WEIGHT)
             for accepted, reached in zip(self.first_accepted, self.first_reached, strict=True)

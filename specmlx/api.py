@@ -235,6 +235,7 @@ def make_policy(
     """The adaptive-k policy when k is auto, from this combination's calibrated costs."""
     if config.k is not None or drafter is None:
         return None
+    from specmlx.adaptive import PRIOR_RATE, AcceptanceTracker
     from specmlx.calibration import load_or_measure
 
     uses_model = getattr(drafter, "draft_model", None) is not None
@@ -244,6 +245,7 @@ def make_policy(
         profile,
         uses_model,
         max_k=config.max_k,
+        tracker=AcceptanceTracker(prior_rate=getattr(drafter, "prior_acceptance", PRIOR_RATE)),
         tree_size=getattr(drafter, "tree_size", None),
         fixed_p_min=config.p_min,
     )

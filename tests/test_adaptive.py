@@ -142,6 +142,38 @@ def test_a_tree_drafter_is_costed_by_its_size_from_the_first_step():
     assert AdaptiveK(MEMORY_BOUND, uses_draft_model=False, tree_size=size).choose() > 0
 
 
+def test_a_drafter_that_starts_worse_starts_plain_where_its_tree_costs_more(
+    tiny_dirs, tmp_path, monkeypatch
+):
+    """Lookahead's pool starts empty: it declares a low first-position prior. On a curve where
+    its 30-token tree costs 2.5 calls (this CPU with OpenBLAS), the shared prior would spend
+    tree steps learning that; its own prior starts plain (and probes). Where the tree costs
+    little more than one token (1.15 calls) it speculates from the start either way."""
+    import specmlx
+    from specmlx.api import GenerationConfig, make_drafter, make_policy
+    from specmlx.drafters.lookahead import LookaheadDrafter
+
+    laptop = CostProfile(0.5, None, {1: 1.0, 2: 1.11, 4: 1.33, 8: 1.45, 16: 1.83})
+    size = LookaheadDrafter().tree_size
+    assert laptop.verify_cost(size) == pytest.approx(2.5, abs=0.01)
+    assert AdaptiveK(laptop, False, tree_size=size).choose() > 0  # the shared prior: tree steps
+    low = LookaheadDrafter.prior_acceptance
+    own = AdaptiveK(laptop, False, tree_size=size, tracker=AcceptanceTracker(prior_rate=low))
+    assert own.choose() == 0
+    flat = CostProfile(0.01, None, {k: 1 + 0.005 * (k - 1) for k in range(1, 17)})
+    gpu = AdaptiveK(flat, False, tree_size=size, tracker=AcceptanceTracker(prior_rate=low))
+    assert gpu.choose() > 0
+    # make_policy takes the prior from the drafter; a draft model keeps the shared one.
+    monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps: laptop)
+    models = specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
+    for method, prior in (("lookahead", low), ("draft", 0.7)):
+        config = GenerationConfig(method=method)
+        policy = make_policy(models, config, make_drafter(models, config))
+        assert policy.tracker.prior_rate == prior
+        assert (policy.choose() == 0) == (method == "lookahead")
+
+
 def test_unseen_deep_positions_lean_on_the_rate_before_them():
     """Half the drafts miss at once, the rest match to the end: deep positions keep matching."""
     tracker = AcceptanceTracker(decay=0.99)

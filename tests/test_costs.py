@@ -62,6 +62,17 @@ def test_profile_ratios_and_interpolation() -> None:
     assert profile.as_dict()["v"] == {"1": 1.0, "3": 1.2, "5": 1.6}
 
 
+def test_past_the_measured_range_a_call_never_gets_cheaper() -> None:
+    """This CPU's calibration: v(12) = 1.69, v(16) = 1.54 (noise). Extending that last slope
+    would price a 30-token tree at ~1.0, a plain call's cost; the upper half's slope (from
+    v(8)) goes on upward."""
+    v = {1: 1.0, 2: 1.08, 4: 1.26, 8: 1.31, 12: 1.69, 16: 1.54}
+    profile = CostProfile(0.06, None, v)
+    assert profile.verify_cost(30) == pytest.approx(1.54 + 14 * (1.54 - 1.31) / 8)
+    flat = CostProfile(0.06, None, {1: 1.0, 8: 1.4, 16: 1.3})
+    assert flat.verify_cost(30) == pytest.approx(1.3)  # a downward half: held level
+
+
 def test_profile_without_draft_has_no_draft_cost() -> None:
     profile = CostProfile(target_call_seconds=0.5, draft_call_seconds=None, v={1: 1.0})
     assert profile.c == 0.0

@@ -55,10 +55,12 @@ class Verdict:
 class Drafter(Protocol):
     """What the verify loop needs from a drafting strategy.
 
-    Adaptive k also reads two optional attributes: `draft_model`, the model a drafter runs
-    once per drafted token (its calls enter the cost model), and `tree_size`, the most
-    tokens a tree drafter's proposal puts in one target call. It sets a third before each
-    proposal, where a drafter has it: `p_min`, the confidence below which a token ends the draft.
+    Adaptive k also reads three optional attributes: `draft_model`, the model a drafter runs
+    once per drafted token (its calls enter the cost model); `tree_size`, the most tokens a
+    tree drafter's proposal puts in one target call; and `prior_acceptance`, how often its
+    first drafted token is kept before there is any evidence (default
+    `specmlx.adaptive.PRIOR_RATE`). It sets a fourth before each proposal, where a drafter
+    has it: `p_min`, the confidence below which a token ends the draft.
     """
 
     def prefill(self, context: list[int]) -> None:
