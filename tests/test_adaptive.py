@@ -13,6 +13,7 @@ from specmlx.costs import CostProfile, expected_tokens, predicted_speedup
 
 MEMORY_BOUND = CostProfile(0.01, 0.002, {k: 1 + 0.02 * (k - 1) for k in range(1, 17)})
 COMPUTE_BOUND = CostProfile(0.01, 0.005, {k: float(k) for k in range(1, 17)})
+LAPTOP = CostProfile(0.5, 0.2, {1: 1.0, 2: 1.11, 4: 1.33, 8: 1.45, 16: 1.83})
 
 
 def feed(policy: AdaptiveK, alpha: float, steps: int, rng: random.Random, k: int = 16) -> None:
@@ -153,19 +154,18 @@ def test_a_drafter_that_starts_worse_starts_plain_where_its_tree_costs_more(
     from specmlx.api import GenerationConfig, make_drafter, make_policy
     from specmlx.drafters.lookahead import LookaheadDrafter
 
-    laptop = CostProfile(0.5, None, {1: 1.0, 2: 1.11, 4: 1.33, 8: 1.45, 16: 1.83})
     size = LookaheadDrafter().tree_size
-    assert laptop.verify_cost(size) == pytest.approx(2.5, abs=0.01)
-    assert AdaptiveK(laptop, False, tree_size=size).choose() > 0  # the shared prior: tree steps
+    assert LAPTOP.verify_cost(size) == pytest.approx(2.5, abs=0.01)
+    assert AdaptiveK(LAPTOP, False, tree_size=size).choose() > 0  # the shared prior: tree steps
     low = LookaheadDrafter.prior_acceptance
-    own = AdaptiveK(laptop, False, tree_size=size, tracker=AcceptanceTracker(prior_rate=low))
+    own = AdaptiveK(LAPTOP, False, tree_size=size, tracker=AcceptanceTracker(prior_rate=low))
     assert own.choose() == 0
     flat = CostProfile(0.01, None, {k: 1 + 0.005 * (k - 1) for k in range(1, 17)})
     gpu = AdaptiveK(flat, False, tree_size=size, tracker=AcceptanceTracker(prior_rate=low))
     assert gpu.choose() > 0
     # make_policy takes the prior from the drafter; a draft model keeps the shared one.
     monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps: laptop)
+    monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps: LAPTOP)
     models = specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
     for method, prior in (("lookahead", low), ("draft", 0.7)):
         config = GenerationConfig(method=method)
@@ -462,9 +462,6 @@ def test_a_plain_stretch_does_not_bring_speculation_back_by_itself():
     )
     feed(policy, 0.02, 60, random.Random(12))
     assert [policy.choose() for _ in range(300)] == [0] * 300
-
-
-LAPTOP = CostProfile(0.5, 0.2, {1: 1.0, 2: 1.11, 4: 1.33, 8: 1.45, 16: 1.83})
 
 
 def run_stream(
