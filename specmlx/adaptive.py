@@ -20,15 +20,22 @@ while there is little experience (a response's first tokens are often missed), i
 speculating as long as an upper confidence bound of the first position's rate says it
 could win.
 
-A draft model ends its draft after a token whose own probability falls below a threshold
-(llama.cpp's p_min; that token is still verified, its call being spent). The threshold is
-set before each step from the costs and from what the draft's confidence has been seen to
-mean: one more token costs a draft call and one more verified token, and pays only if its
-chance of being kept covers that cost at the rate the policy predicts for its best choice;
-the chance a token of a given confidence is kept is measured as the steps go
-(`ConfidenceCalibration`: near its confidence at temperature 0, far higher when sampling).
-A draft goes on only past tokens that passed, so the acceptance expected of later positions
-is that of first tokens that would have passed (and no less than the threshold).
+A draft model ends its draft once one more token no longer pays (llama.cpp's p_min, but
+judged on the whole draft so far; the last token is still verified, its call being spent),
+so a step that speculates asks it for up to max_k tokens: the rates by position would only
+cap a sure stretch. One more token costs a draft call and one more verified token; it
+brings a token only if every token drafted before it is kept and then it is too. So the
+draft goes on while
+
+    prod_{i<=j} chance(q_i) * a_{j+1} >= p_min,
+
+where q_i is the draft's own probability of token i, chance(q) the rate at which tokens of
+that confidence have been kept (`ConfidenceCalibration`: near q at temperature 0, far
+higher when sampling), a_{j+1} the next position's running acceptance rate and p_min the
+cost of one more token at the rate the policy predicts for its best choice (EAGLE-2 grows
+its draft tree by the same product of confidences). Doubt adds up: a few middling tokens
+end a draft that one of them alone would not, while a sure stretch runs long. Positions past the first are drafted only when that expectation covers p_min, so their
+acceptance is expected to be no less (and that of first tokens that would have gone on).
 
 The calibrated costs are only a model of a step, measured once; the machine they describe
 drifts (other work, heat, a calibration from another day), and a real step costs things the
@@ -76,9 +83,10 @@ class AcceptanceTracker:
     accepted: list[float] = field(default_factory=list)
     asked: list[float] = field(default_factory=list)
     offered: list[float] = field(default_factory=list)
-    # First draft tokens, which are drafted whatever their confidence: how many would have
-    # passed the confidence threshold; and of those drafted on track (see below), how many
-    # passed, how often those were accepted and their summed chance by confidence.
+    # First draft tokens, which are drafted whatever their confidence: after how many the
+    # draft would have gone on (`AdaptiveK.goes_on`); and of those drafted on track (see
+    # below), how many would have, how often those were kept and their summed chance by
+    # confidence.
     first_seen: float = 0.0
     first_passed: float = 0.0
     track_passed: float = 0.0
@@ -113,9 +121,9 @@ class AcceptanceTracker:
         first_chance: float = 0.0,
     ) -> None:
         """One step that was asked for `requested` positions (default `depth`), drafted
-        `depth` and had the first `n_accepted` kept. `first_passed`: whether the first
-        token, drafted whatever its confidence, would have passed the step's confidence
-        threshold (None: the drafter reports no confidence); `first_chance`: the chance of
+        `depth` and had the first `n_accepted` kept. `first_passed`: whether the draft would
+        have gone on after its first token, drafted whatever its confidence (None: the
+        drafter reports no confidence); `first_chance`: the chance of
         being kept that its confidence stands for."""
         self.age()
         requested = depth if requested is None else max(requested, depth)
@@ -162,11 +170,11 @@ class AcceptanceTracker:
         one's estimate leans on a prior: the rate of the position before it, or a base rate
         if that is higher (a draft that has matched so far tends to keep matching, so
         conditional acceptance rarely falls with depth). The base rate is that of first
-        tokens drafted on track and confident enough to pass the threshold where the
-        drafter reports its confidence (every later position passed it), else that of first
-        tokens drafted on track. `floor` raises the prior of positions after the first: a
-        drafter that offers a token only when it is at least that confident (p_min) passes
-        on no token it expects to lose more often. `optimism` adds that many standard
+        tokens drafted on track and confident enough for the draft to go on, where the
+        drafter reports its confidence (every later position followed such tokens), else
+        that of first tokens drafted on track. `floor` raises the prior of positions after
+        the first: a drafter that drafts one more token only when it is expected to be kept
+        at least that often (p_min) drafts no token it expects to lose more often. `optimism` adds that many standard
         errors to the first position's rate, an error that shrinks with the steps seen: an
         upper bound, for deciding whether to go on speculating while there is little
         experience.
@@ -200,7 +208,7 @@ class AcceptanceTracker:
     def continuations(self, n: int) -> list[float]:
         """Continuation rates of positions 0..n-1 (position 0 is always drafted: 1).
 
-        Before any data, the share of first tokens that would have passed the threshold
+        Before any data, the share of first tokens after which the draft would have gone on
         (where the drafter reports confidence), else 1; deeper positions lean on the rate
         of the position before them.
         """
@@ -245,14 +253,17 @@ class ConfidenceCalibration:
     At temperature 0 a token the draft is sure of is nearly always kept and an unsure one
     about as often as its probability says; when sampling, the drafted token's probability
     says much less (a flat draft distribution meets a flat target one, and rejection
-    sampling keeps most of what it draws). So the confidence a draft must have to go on is
-    derived from what was measured: each bin starts at its own midpoint (a confidence taken
-    at its word) and learns, with decay, from every drafted token whose fate is known.
+    sampling keeps most of what it draws, whatever the probability of the draw). So what a
+    confidence means is measured: each bin starts at its own midpoint (a confidence taken at
+    its word) and learns, with decay, from every drafted token whose fate is known. When
+    sampling, a bin starts instead from the kept share of all tokens so far where that is
+    higher: a response's first tokens teach every bin, not only their own.
     """
 
     bins: int = 10
     decay: float = 0.99
     prior_weight: float = 2.0
+    sampled: bool = False  # the draft samples (temperature > 0) rather than takes its argmax
     kept: list[float] = field(default_factory=list)
     seen: list[float] = field(default_factory=list)
 
@@ -261,7 +272,7 @@ class ConfidenceCalibration:
             self.kept = [0.0] * self.bins
             self.seen = [0.0] * self.bins
 
-    def _bin(self, confidence: float) -> int:
+    def bin_of(self, confidence: float) -> int:
         return min(int(confidence * self.bins), self.bins - 1)
 
     def observe(self, confidences: tuple[float, ...], n_accepted: int) -> None:
@@ -269,14 +280,20 @@ class ConfidenceCalibration:
         self.kept = [x * self.decay for x in self.kept]
         self.seen = [x * self.decay for x in self.seen]
         for i, confidence in enumerate(confidences[: n_accepted + 1]):
-            b = self._bin(confidence)
+            b = self.bin_of(confidence)
             self.seen[b] += 1
             self.kept[b] += i < n_accepted
 
     def _raw(self, b: int) -> float:
-        """Bin b's own estimate: its kept share, drawn toward its midpoint."""
-        midpoint = (b + 0.5) / self.bins
-        return (self.kept[b] + midpoint * self.prior_weight) / (self.seen[b] + self.prior_weight)
+        """Bin b's own estimate: its kept share, drawn toward its midpoint; when sampling,
+        toward the kept share of all tokens if that is higher."""
+        prior = (b + 0.5) / self.bins
+        if self.sampled:
+            pooled = (sum(self.kept) + 0.5 * self.prior_weight) / (
+                sum(self.seen) + self.prior_weight
+            )
+            prior = max(prior, pooled)
+        return (self.kept[b] + prior * self.prior_weight) / (self.seen[b] + self.prior_weight)
 
     def fitted(self) -> list[float]:
         """Every bin's chance of being kept, made non-decreasing in confidence.
@@ -305,15 +322,7 @@ class ConfidenceCalibration:
         return self.fitted()[b]
 
     def chance_of(self, confidence: float) -> float:
-        return self.chance(self._bin(confidence))
-
-    def threshold_for(self, p: float) -> float:
-        """The least confidence from which on tokens are kept with chance at least p (1.0
-        when even the surest bin falls short)."""
-        for b, chance in enumerate(self.fitted()):
-            if chance >= p:
-                return b / self.bins
-        return 1.0
+        return self.chance(self.bin_of(confidence))
 
 
 @dataclass
@@ -374,6 +383,9 @@ class AdaptiveK:
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
     fixed_p_min: float | None = None  # the user's confidence threshold; None: from costs
+    # The drafter ends each draft where `goes_on` says: then every token it drafts past the
+    # first is expected to pay, and a step asks for up to max_k.
+    drafter_cuts: bool = False
     steps_since_probe: int = 0
     plain_steps: int = 0
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
@@ -462,11 +474,11 @@ class AdaptiveK:
 
         One more draft token costs a draft call and one more verified token, at the measured
         scales. The time could instead go into steps as they run, at the best predicted
-        rate (tokens per call-time): the token pays only if its chance of being kept covers
-        its cost at that rate. (Weighed against plain decoding's one token per call instead,
-        the threshold would come out too low and keep drafting tokens that cost more than
-        they bring.) `choose` turns it into the draft confidence that stands for it; a
-        user's fixed p_min is a confidence already.
+        rate (tokens per call-time): the token pays only if its chance of bringing a token
+        covers its cost at that rate. (Weighed against plain decoding's one token per call
+        instead, the threshold would come out too low and keep drafting tokens that cost
+        more than they bring.) `goes_on` weighs each draft's chance against it; a user's
+        fixed p_min is a confidence already.
         """
         if not self.uses_draft_model:
             return 0.0
@@ -499,19 +511,19 @@ class AdaptiveK:
     def __post_init__(self) -> None:
         self._probe_interval = self.probe_every
         self._probing = False  # the step under way is a probe
-        # The least chance of being kept that a draft token past the first must have, for
-        # the step under way, and the draft confidence that stands for it (the drafter's
-        # p_min); the first is also the least acceptance expected of such tokens.
+        # For the step under way: the chance of bringing a token that one more draft token
+        # must have to pay for itself (also the least acceptance expected of tokens past
+        # the first), and what `goes_on` weighs against it: the chance of being kept by
+        # confidence bin and the acceptance rate by draft position.
         self.threshold = self.fixed_p_min or 0.0
-        self.confidence_threshold = self.threshold
+        self._chances = self.calibration.fitted()  # chance of being kept, by confidence bin
+        self._following = [self.tracker.prior_rate]  # acceptance rate by draft position
 
     def choose(self) -> int:
-        """The draft length of the next step (0: plain); updates the thresholds for it."""
+        """The draft length of the next step (0: plain); sets what `goes_on` weighs."""
         self.threshold = self.p_min()
-        if self.fixed_p_min is None and self.uses_draft_model:
-            self.confidence_threshold = self.calibration.threshold_for(self.threshold)
-        else:
-            self.confidence_threshold = self.threshold
+        self._chances = self.calibration.fitted()
+        self._following = self.tracker.rates(self.max_k + 1)
         best = self.best_k()
         if best == 0 and self.tree_size is None:
             # Little experience yet (a response's first tokens are often missed): speculate
@@ -524,6 +536,10 @@ class AdaptiveK:
         if best > 0:
             self.steps_since_probe = 0
             self._probe_interval = self.probe_every
+            if self.drafter_cuts and self.fixed_p_min is None:
+                # The average rates by position only cap a draft that would go on further
+                # where its own confidence says each token pays (sure stretches of text).
+                return self.max_k
             return best
         self.steps_since_probe += 1
         if self.steps_since_probe >= self._probe_interval and self.could_win():
@@ -542,6 +558,18 @@ class AdaptiveK:
         self.spec_overhead.age(self.tracker.decay)
         self._age_sizes()
         return 0
+
+    def goes_on(self, confidences: tuple[float, ...]) -> bool:
+        """Whether a draft of these confidences so far should draft one more token: the
+        chance that all of them are kept and the next one too covers its cost (`p_min`);
+        a user's fixed p_min is a confidence the last token must reach, as llama.cpp's."""
+        if self.fixed_p_min is not None:
+            return confidences[-1] >= self.fixed_p_min
+        kept = 1.0
+        for confidence in confidences:
+            kept *= self._chances[self.calibration.bin_of(confidence)]
+        following = self._following[min(len(confidences), len(self._following) - 1)]
+        return kept * following >= self.threshold
 
     def observe(
         self,
@@ -569,7 +597,7 @@ class AdaptiveK:
         requested = depth if is_tree or requested is None else requested
         passed, chance = None, 0.0
         if confidences and not is_tree:
-            passed = confidences[0] >= self.confidence_threshold
+            passed = self.goes_on(confidences[:1])
             chance = self.calibration.chance_of(confidences[0])
             self.calibration.observe(confidences, n_accepted)
         self.tracker.observe(depth, n_accepted, requested, passed, chance)

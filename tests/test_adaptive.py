@@ -320,6 +320,58 @@ def test_the_confidence_threshold_weighs_a_draft_token_against_the_best_rate():
     assert AdaptiveK(MEMORY_BOUND, uses_draft_model=False).p_min() == 0.0
 
 
+def test_a_draft_goes_on_while_all_it_holds_and_one_more_token_pay_for_that_token():
+    """One more draft token brings a token only if every token drafted so far is kept and
+    it is too: the draft goes on while that chance covers the token's cost. Sure tokens go
+    on for a while; doubt adds up, so a few fair tokens end a draft one alone would not."""
+    from specmlx.adaptive import ConfidenceCalibration
+
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True, calibration=ConfidenceCalibration(decay=1))
+    table = policy.calibration
+    for b in range(table.bins):  # as greedy drafts are: kept about as often as they say
+        table.seen[b], table.kept[b] = 1000.0, 1000.0 * (b + 0.5) / table.bins
+    feed(policy, 0.9, 300, random.Random(12))
+    policy.choose()
+    following = policy.tracker.rates(17)
+    assert 0.5 < policy.threshold < 0.8
+
+    def worth(confidences: tuple[float, ...]) -> float:
+        kept = 1.0
+        for q in confidences:
+            kept *= table.chance_of(q)
+        return kept * following[len(confidences)]
+
+    cases = [(0.99,) * n for n in range(1, 16)] + [(0.85,), (0.85,) * 3, (0.99, 0.55), (0.55,)]
+    for confidences in cases:
+        assert policy.goes_on(confidences) == (worth(confidences) >= policy.threshold)
+    assert policy.goes_on((0.99,) * 3) and not policy.goes_on((0.99,) * 15)
+    assert policy.goes_on((0.85,)) and not policy.goes_on((0.85,) * 3)
+    # The user's own p_min is llama.cpp's: the last token's confidence alone.
+    fixed = AdaptiveK(LAPTOP, uses_draft_model=True, fixed_p_min=0.8)
+    fixed.choose()
+    assert fixed.goes_on((0.85,) * 3) and not fixed.goes_on((0.99, 0.7))
+
+
+def test_a_drafter_that_ends_its_own_drafts_is_asked_for_up_to_max_k():
+    """Where the drafter stops on `goes_on`, every token past the first is expected to pay,
+    so the rates by position no longer cap the draft (a sure stretch runs long); the
+    choice between speculating and plain decoding is the same."""
+    rng = random.Random(13)
+    for profile, alpha in ((LAPTOP, 0.8), (COMPUTE_BOUND, 0.5)):
+        capped = AdaptiveK(profile, uses_draft_model=True)
+        cuts = AdaptiveK(profile, uses_draft_model=True, drafter_cuts=True)
+        fixed = AdaptiveK(profile, uses_draft_model=True, drafter_cuts=True, fixed_p_min=0.5)
+        for policy in (capped, cuts, fixed):
+            feed(policy, alpha, 200, rng, k=4)
+        best = capped.choose()
+        assert best == capped.best_k()
+        assert (0 < best < 16) if profile is LAPTOP else best == 0
+        # llama.cpp's p_min weighs no cost: the rates by position still cap the draft.
+        assert fixed.choose() == fixed.best_k()
+        assert cuts.choose() == (16 if cuts.best_k() > 0 else 0)
+        assert (cuts.best_k() > 0) == (profile is LAPTOP)
+
+
 def test_positions_behind_a_confidence_threshold_are_expected_to_pass_it():
     tracker = AcceptanceTracker()
     for _ in range(3):
@@ -384,8 +436,8 @@ def test_one_early_miss_does_not_switch_speculation_off():
 
 def test_the_confidence_a_draft_needs_follows_what_its_confidence_has_meant():
     """Greedy drafts are kept about as often as their confidence says; sampled drafts of
-    low confidence are still kept most of the time. The same chance of being kept then
-    asks for a high confidence in the first case and a low one in the second."""
+    low confidence are still kept most of the time. The same confidence then stands for a
+    low chance of being kept in the first case and a high one in the second."""
     from specmlx.adaptive import ConfidenceCalibration
 
     rng = random.Random(11)
@@ -397,9 +449,28 @@ def test_the_confidence_a_draft_needs_follows_what_its_confidence_has_meant():
             while n < 4 and rng.random() < chance(confidences[n]):
                 n += 1
             table.observe(confidences, n)
-    assert 0.5 <= greedy.threshold_for(0.6) <= 0.7
-    assert sampled.threshold_for(0.6) <= 0.1
-    assert sampled.threshold_for(0.99) == 1.0  # no bin is that sure: stop after one token
+    assert greedy.chance_of(0.25) == pytest.approx(0.25, abs=0.1)
+    assert greedy.chance_of(0.65) == pytest.approx(0.65, abs=0.1)
+    assert sampled.chance_of(0.05) > 0.6
+    assert max(sampled.fitted()) < 0.99  # no bin is that sure
+
+
+def test_when_sampling_every_bin_learns_from_the_first_tokens_kept():
+    """A sampled draw is kept about as often whatever its own probability, so when the
+    first tokens of a response, mostly sure ones, are all kept, an unsure bin that has
+    seen nothing yet expects as much; greedy, it still takes its confidence at its word."""
+    from specmlx.adaptive import ConfidenceCalibration
+
+    greedy, sampled = ConfidenceCalibration(), ConfidenceCalibration(sampled=True)
+    for table in (greedy, sampled):
+        for _ in range(10):
+            table.observe((0.95, 0.97), 2)
+    assert greedy.chance_of(0.25) == pytest.approx(0.25)
+    assert sampled.chance_of(0.25) > 0.8
+    # One bin's own evidence still outweighs the rest: these draws are mostly lost.
+    for _ in range(20):
+        sampled.observe((0.25,), 0)
+    assert sampled.chance_of(0.25) < 0.5
 
 
 def test_one_unlucky_bin_does_not_block_the_confident_bins_below_it():
@@ -417,9 +488,9 @@ def test_one_unlucky_bin_does_not_block_the_confident_bins_below_it():
     fitted = table.fitted()
     assert all(a <= b for a, b in zip(fitted, fitted[1:], strict=False))
     assert table._raw(6) < 0.5  # bin by bin, 0.6 would fail a 0.8 requirement ...
-    assert table.threshold_for(0.8) == 0.3  # ... but pooled, 0.3 and up all pass
+    assert min(b for b in range(10) if table.chance(b) >= 0.8) == 3  # ... pooled, 0.3 up pass
     assert table.chance(6) > 0.8
-    assert table.threshold_for(0.99) == 1.0
+    assert max(fitted) < 0.99
 
 
 def test_an_unsure_draft_token_ends_the_draft_and_is_verified(tiny_dirs):

@@ -60,7 +60,8 @@ class Drafter(Protocol):
     tree drafter's proposal puts in one target call; and `prior_acceptance`, how often its
     first drafted token is kept before there is any evidence (default
     `specmlx.adaptive.PRIOR_RATE`). It sets a fourth before each proposal, where a drafter
-    has it: `p_min`, the confidence below which a token ends the draft.
+    has it: `goes_on`, a rule that takes the drafter's own probabilities of the tokens
+    drafted so far and says whether to draft one more.
     """
 
     def prefill(self, context: list[int]) -> None:

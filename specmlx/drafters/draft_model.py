@@ -8,6 +8,8 @@ never consumed it), then drafts one token per call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -33,6 +35,9 @@ class DraftModelDrafter:
         # p_min, which drops that token); 0 drafts all k. Checking costs a host sync per
         # token.
         self.p_min = p_min
+        # Or a rule that sees the confidences of the draft so far and says whether to draft
+        # one more token (adaptive k sets `AdaptiveK.goes_on`).
+        self.goes_on: Callable[[tuple[float, ...]], bool] | None = None
         # Target vocab: draft logits are padded or cut to it before sampling, so that
         # verification compares the two models over one index space, and the draft samples
         # from exactly the distribution it reports.
@@ -52,11 +57,13 @@ class DraftModelDrafter:
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)
-            if self.p_min > 0:
+            if self.p_min > 0 or self.goes_on is not None:
                 confidences.append(self._confidence(logits, token, token_probs))
                 # An unsure token ends the draft, but is verified with it: its call is spent
                 # already, and one more verified token costs little.
-                if confidences[-1] < self.p_min:
+                if confidences[-1] < self.p_min or (
+                    self.goes_on is not None and not self.goes_on(tuple(confidences))
+                ):
                     break
             if i < k - 1:
                 inputs = token[None]
