@@ -47,7 +47,11 @@ of every modelled cost. What is left of a speculative step's wall time beyond th
 as a decaying mean and added to the cost of speculative steps; and kept apart for each
 number of tokens verified, leaning on that mean, since the calibrated curve v(n) is itself
 a measurement of a few calls (on a shared CPU it moves by ~15% from one calibration to the
-next) and a step of one size may run cheaper or dearer than it says.
+next) and a step of one size may run cheaper or dearer than it says. A response's first
+step also pays for setting up (buffers allocated anew after the prefill) and teaches no
+costs; while decoding plainly, what speculative steps measured (the overheads, the draft
+model's scale) fades back toward the calibration, so that one slow spell cannot rule
+speculation out for good.
 """
 
 from __future__ import annotations
@@ -366,6 +370,11 @@ class Scale:
         self.total = self.total * self.decay + ratio * calls
         self.weight = self.weight * self.decay + calls
 
+    def age(self, factor: float) -> None:
+        """Time passed without a measurement: lean back toward the calibration."""
+        self.total *= factor
+        self.weight *= factor
+
     @property
     def value(self) -> float:
         return (self.total + self.prior_weight) / (self.weight + self.prior_weight)
@@ -511,6 +520,7 @@ class AdaptiveK:
     def __post_init__(self) -> None:
         self._probe_interval = self.probe_every
         self._probing = False  # the step under way is a probe
+        self._setting_up = False  # the step under way is a response's first
         # For the step under way: the chance of bringing a token that one more draft token
         # must have to pay for itself (also the least acceptance expected of tokens past
         # the first), and what `goes_on` weighs against it: the chance of being kept by
@@ -553,11 +563,19 @@ class AdaptiveK:
         self.plain_steps += 1
         # The acceptance estimate stays as it was (fading it toward the prior would bring
         # speculation back on no evidence; probes refresh it), but a measured overhead of
-        # speculating may have been a passing cost: once faded, speculative steps measure
-        # it again.
+        # speculating, or a slow spell of the draft model, may have been passing: once
+        # faded, speculative steps measure them again. (Kept, one slow step could rule
+        # speculation out for good: plain steps never time the draft model.)
         self.spec_overhead.age(self.tracker.decay)
+        self.draft_scale.age(self.tracker.decay)
         self._age_sizes()
         return 0
+
+    def new_response(self) -> None:
+        """A response starts: its first step also pays for setting up (buffers allocated
+        anew after the prefill, a cache that grows), not only for its calls, so its time
+        teaches no costs."""
+        self._setting_up = True
 
     def goes_on(self, confidences: tuple[float, ...]) -> bool:
         """Whether a draft of these confidences so far should draft one more token: the
@@ -589,9 +607,10 @@ class AdaptiveK:
         model's calls took (measured apart only for a draft model), refine the costs;
         `confidences`, the draft's probability of each token, what its confidence says."""
         unit = self.profile.target_call_seconds
+        setting_up, self._setting_up = self._setting_up, False
         if depth == 0:
             self.tracker.plain_step()
-            if seconds is not None:
+            if seconds is not None and not setting_up:
                 self.target_scale.observe(seconds / unit)
             return
         requested = depth if is_tree or requested is None else requested
@@ -605,7 +624,7 @@ class AdaptiveK:
             self.tree_size = n_drafted + 1
         # A probe also pays for the draft catching up on the plain stretch before it: a
         # cost of falling back, not of speculating, so it does not count here.
-        if self._probing:
+        if self._probing or setting_up:
             return
         draft_call = self.profile.draft_call_seconds
         if draft_seconds is not None and draft_call and self.uses_draft_model:

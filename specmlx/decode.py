@@ -101,6 +101,8 @@ def decode(
     target.sync(context)
     if drafter is not None:
         drafter.prefill(context)
+    if policy is not None:
+        policy.new_response()
     produced = 0
     while produced < max_tokens:
         start = time.perf_counter()

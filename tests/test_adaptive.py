@@ -372,6 +372,34 @@ def test_a_drafter_that_ends_its_own_drafts_is_asked_for_up_to_max_k():
         assert (cuts.best_k() > 0) == (profile is LAPTOP)
 
 
+def test_a_responses_first_step_teaches_no_costs():
+    """The first step after a prefill also pays for setting up (buffers allocated anew):
+    one slow such step must not make the draft model look dear for the whole response."""
+    unit, draft_call = LAPTOP.target_call_seconds, LAPTOP.draft_call_seconds
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True)
+    policy.new_response()
+    k = policy.choose()
+    policy.observe(1, 0, 1, False, 10 * unit, 5 * draft_call, requested=k)
+    assert policy.draft_scale.value == 1.0 and policy.spec_overhead.value == 0.0
+    assert policy.tracker.steps == 1  # what the draft got right or wrong still counts
+    k = policy.choose()
+    policy.observe(1, 0, 1, False, 10 * unit, 5 * draft_call, requested=k)
+    assert policy.draft_scale.value > 2 and policy.spec_overhead.value > 0
+
+
+def test_a_slow_spell_of_the_draft_model_does_not_rule_speculation_out_for_good():
+    """Draft calls timed five times dearer than calibrated make speculation lose whatever
+    the acceptance, and plain steps never time the draft model: the measurement fades
+    while decoding plainly, so speculation is tried again."""
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True)
+    for _ in range(3):
+        k = policy.choose()
+        policy.observe(k, k, k, False, draft_seconds=5 * k * LAPTOP.draft_call_seconds)
+    assert policy.choose() == 0 and not policy.could_win()
+    chosen = [policy.choose() for _ in range(400)]
+    assert chosen[0] == 0 and any(k > 0 for k in chosen)
+
+
 def test_positions_behind_a_confidence_threshold_are_expected_to_pass_it():
     tracker = AcceptanceTracker()
     for _ in range(3):
