@@ -34,8 +34,9 @@ that confidence have been kept (`ConfidenceCalibration`: near q at temperature 0
 higher when sampling), a_{j+1} the next position's running acceptance rate and p_min the
 cost of one more token at the rate the policy predicts for its best choice (EAGLE-2 grows
 its draft tree by the same product of confidences). Doubt adds up: a few middling tokens
-end a draft that one of them alone would not, while a sure stretch runs long. Positions past the first are drafted only when that expectation covers p_min, so their
-acceptance is expected to be no less (and that of first tokens that would have gone on).
+end a draft that one of them alone would not, while a sure stretch runs long. Positions
+past the first are drafted only when that expectation covers p_min, so their acceptance
+is expected to be no less (and that of first tokens that would have gone on).
 
 The calibrated costs are only a model of a step, measured once; the machine they describe
 drifts (other work, heat, a calibration from another day), and a real step costs things the
@@ -127,8 +128,8 @@ class AcceptanceTracker:
         """One step that was asked for `requested` positions (default `depth`), drafted
         `depth` and had the first `n_accepted` kept. `first_passed`: whether the draft would
         have gone on after its first token, drafted whatever its confidence (None: the
-        drafter reports no confidence); `first_chance`: the chance of
-        being kept that its confidence stands for."""
+        drafter reports no confidence); `first_chance`: the chance of being kept that its
+        confidence stands for."""
         self.age()
         requested = depth if requested is None else max(requested, depth)
         for counts in (self.reached, self.accepted, self.asked, self.offered):
@@ -178,10 +179,10 @@ class AcceptanceTracker:
         drafter reports its confidence (every later position followed such tokens), else
         that of first tokens drafted on track. `floor` raises the prior of positions after
         the first: a drafter that drafts one more token only when it is expected to be kept
-        at least that often (p_min) drafts no token it expects to lose more often. `optimism` adds that many standard
-        errors to the first position's rate, an error that shrinks with the steps seen: an
-        upper bound, for deciding whether to go on speculating while there is little
-        experience.
+        at least that often (p_min) drafts no token it expects to lose more often.
+        `optimism` adds that many standard errors to the first position's rate, an error
+        that shrinks with the steps seen: an upper bound, for deciding whether to go on
+        speculating while there is little experience.
         """
         pooled = self._estimate(self.accepted, self.reached, 0, self.prior_rate)
         first = [

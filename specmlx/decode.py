@@ -103,13 +103,13 @@ def decode(
         drafter.prefill(context)
     if policy is not None:
         policy.new_response()
+        if hasattr(drafter, "goes_on"):
+            drafter.goes_on = policy.goes_on  # the policy ends the drafts
     produced = 0
     while produced < max_tokens:
         start = time.perf_counter()
         last = context[-1]
         k_chosen = 0 if drafter is None else policy.choose() if policy else k
-        if policy is not None and hasattr(drafter, "goes_on"):
-            drafter.goes_on = policy.goes_on
         # Never accept past max_tokens: a step emits at most k_step + 1 tokens.
         k_step = min(k_chosen, max_tokens - produced - 1)
         draft = drafter.propose(context, k_step) if k_step > 0 else None
