@@ -260,15 +260,14 @@ class ConfidenceCalibration:
     says much less (a flat draft distribution meets a flat target one, and rejection
     sampling keeps most of what it draws, whatever the probability of the draw). So what a
     confidence means is measured: each bin starts at its own midpoint (a confidence taken at
-    its word) and learns, with decay, from every drafted token whose fate is known. When
-    sampling, a bin starts instead from the kept share of all tokens so far where that is
-    higher: a response's first tokens teach every bin, not only their own.
+    its word) and learns, with decay, from every drafted token whose fate is known. (Also
+    when sampling: started from the kept share of all tokens, unsure bins went on drafting
+    where a replay of recorded T=1 drafts found stopping paid, in every suite.)
     """
 
     bins: int = 10
     decay: float = 0.99
     prior_weight: float = 2.0
-    sampled: bool = False  # the draft samples (temperature > 0) rather than takes its argmax
     kept: list[float] = field(default_factory=list)
     seen: list[float] = field(default_factory=list)
 
@@ -290,14 +289,8 @@ class ConfidenceCalibration:
             self.kept[b] += i < n_accepted
 
     def _raw(self, b: int) -> float:
-        """Bin b's own estimate: its kept share, drawn toward its midpoint; when sampling,
-        toward the kept share of all tokens if that is higher."""
+        """Bin b's own estimate: its kept share, drawn toward its midpoint."""
         prior = (b + 0.5) / self.bins
-        if self.sampled:
-            pooled = (sum(self.kept) + 0.5 * self.prior_weight) / (
-                sum(self.seen) + self.prior_weight
-            )
-            prior = max(prior, pooled)
         return (self.kept[b] + prior * self.prior_weight) / (self.seen[b] + self.prior_weight)
 
     def fitted(self) -> list[float]:
@@ -346,9 +339,16 @@ class Overhead:
         self.weight = self.weight * self.decay + 1.0
 
     def age(self, factor: float) -> None:
-        """Time passed without a measurement: lean back toward the calibration."""
+        """Its evidence counts for less (against a pooled estimate it leans on)."""
         self.total *= factor
         self.weight *= factor
+
+    def fade(self, factor: float) -> None:
+        """Time passed without a measurement: what was measured shrinks toward the
+        calibration by `factor`, and counts for less against the next measurement."""
+        value = self.value * factor
+        self.weight *= factor
+        self.total = value * (self.weight + self.prior_weight)
 
     @property
     def value(self) -> float:
@@ -371,10 +371,12 @@ class Scale:
         self.total = self.total * self.decay + ratio * calls
         self.weight = self.weight * self.decay + calls
 
-    def age(self, factor: float) -> None:
-        """Time passed without a measurement: lean back toward the calibration."""
-        self.total *= factor
+    def fade(self, factor: float) -> None:
+        """Time passed without a measurement: the measured scale's distance from the
+        calibration shrinks by `factor`, and it counts for less against the next one."""
+        value = 1.0 + (self.value - 1.0) * factor
         self.weight *= factor
+        self.total = value * (self.weight + self.prior_weight) - self.prior_weight
 
     @property
     def value(self) -> float:
@@ -390,6 +392,11 @@ class AdaptiveK:
     max_k: int = 16
     probe_every: int = 16  # plain steps between probes; doubles while probes keep losing
     max_probe_every: int = 256
+    # Per plain step, how much of what speculative steps measured beyond the calibration
+    # (a slower draft model, an overhead) remains: a fifth after 16 plain steps. Plain
+    # steps cannot time the draft model, so a slow spell, once passed, must fade: merely
+    # weighing it less would leave its mean, and speculation off for good.
+    cost_fade: float = 0.9
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
     fixed_p_min: float | None = None  # the user's confidence threshold; None: from costs
@@ -567,9 +574,10 @@ class AdaptiveK:
         # speculating, or a slow spell of the draft model, may have been passing: once
         # faded, speculative steps measure them again. (Kept, one slow step could rule
         # speculation out for good: plain steps never time the draft model.)
-        self.spec_overhead.age(self.tracker.decay)
-        self.draft_scale.age(self.tracker.decay)
-        self._age_sizes()
+        self.spec_overhead.fade(self.cost_fade)
+        self.draft_scale.fade(self.cost_fade)
+        for own in self.size_overhead.values():
+            own.fade(self.cost_fade)
         return 0
 
     def new_response(self) -> None:

@@ -235,7 +235,7 @@ def make_policy(
     """The adaptive-k policy when k is auto, from this combination's calibrated costs."""
     if config.k is not None or drafter is None:
         return None
-    from specmlx.adaptive import PRIOR_RATE, AcceptanceTracker, ConfidenceCalibration
+    from specmlx.adaptive import PRIOR_RATE, AcceptanceTracker
     from specmlx.calibration import load_or_measure
 
     uses_model = getattr(drafter, "draft_model", None) is not None
@@ -249,7 +249,6 @@ def make_policy(
         tree_size=getattr(drafter, "tree_size", None),
         fixed_p_min=config.p_min,
         drafter_cuts=hasattr(drafter, "goes_on"),
-        calibration=ConfidenceCalibration(sampled=not config.sampling.greedy),
     )
 
 

@@ -390,14 +390,15 @@ def test_a_responses_first_step_teaches_no_costs():
 def test_a_slow_spell_of_the_draft_model_does_not_rule_speculation_out_for_good():
     """Draft calls timed five times dearer than calibrated make speculation lose whatever
     the acceptance, and plain steps never time the draft model: the measurement fades
-    while decoding plainly, so speculation is tried again."""
+    while decoding plainly, so speculation is tried again within a short response (a
+    spell on the Qwen pair once left a 64-token response plain from its second step)."""
     policy = AdaptiveK(LAPTOP, uses_draft_model=True)
     for _ in range(3):
         k = policy.choose()
         policy.observe(k, k, k, False, draft_seconds=5 * k * LAPTOP.draft_call_seconds)
     assert policy.choose() == 0 and not policy.could_win()
-    chosen = [policy.choose() for _ in range(400)]
-    assert chosen[0] == 0 and any(k > 0 for k in chosen)
+    chosen = [policy.choose() for _ in range(32)]
+    assert chosen[0] == 0 and chosen[-1] > 0
 
 
 def test_positions_behind_a_confidence_threshold_are_expected_to_pass_it():
@@ -481,24 +482,6 @@ def test_the_confidence_a_draft_needs_follows_what_its_confidence_has_meant():
     assert greedy.chance_of(0.65) == pytest.approx(0.65, abs=0.1)
     assert sampled.chance_of(0.05) > 0.6
     assert max(sampled.fitted()) < 0.99  # no bin is that sure
-
-
-def test_when_sampling_every_bin_learns_from_the_first_tokens_kept():
-    """A sampled draw is kept about as often whatever its own probability, so when the
-    first tokens of a response, mostly sure ones, are all kept, an unsure bin that has
-    seen nothing yet expects as much; greedy, it still takes its confidence at its word."""
-    from specmlx.adaptive import ConfidenceCalibration
-
-    greedy, sampled = ConfidenceCalibration(), ConfidenceCalibration(sampled=True)
-    for table in (greedy, sampled):
-        for _ in range(10):
-            table.observe((0.95, 0.97), 2)
-    assert greedy.chance_of(0.25) == pytest.approx(0.25)
-    assert sampled.chance_of(0.25) > 0.8
-    # One bin's own evidence still outweighs the rest: these draws are mostly lost.
-    for _ in range(20):
-        sampled.observe((0.25,), 0)
-    assert sampled.chance_of(0.25) < 0.5
 
 
 def test_one_unlucky_bin_does_not_block_the_confident_bins_below_it():
