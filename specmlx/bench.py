@@ -131,6 +131,9 @@ class Measurement:
     decode_seconds: float = 0.0  # time after the first step
     seconds: float = 0.0  # whole call, prefill included
     peak_memory_gb: float = 0.0
+    # Every step after the first: (tokens it drafted, tokens it emitted, seconds). mlx-lm's
+    # rows report no steps.
+    decode_steps: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def tokens_per_sec(self) -> float:
@@ -180,6 +183,7 @@ def run_row(
     drafter = make_drafter(models, config)
     policy = make_policy(models, config, drafter)  # calibrates on first use, before the clock
     tokens: list[int] = []
+    steps: list[tuple[int, int, float]] = []
     first_tokens, first_time, stats = 0, 0.0, None
     start = time.perf_counter()
     for event in stream_ids(models, Sequence(models.target), drafter, prompt_ids, config, policy):
@@ -187,6 +191,9 @@ def run_row(
         stats = event.stats
         if not first_time:
             first_time, first_tokens = time.perf_counter(), len(tokens)
+        else:
+            step = event.step
+            steps.append((step.n_drafted, len(event.token_ids), step.seconds))
     end = time.perf_counter()
     assert stats is not None
     return Measurement(
@@ -202,6 +209,7 @@ def run_row(
         decode_seconds=end - first_time,
         seconds=end - start,
         peak_memory_gb=stats.peak_memory_gb,
+        decode_steps=tuple(steps),
     )
 
 

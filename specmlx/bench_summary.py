@@ -7,6 +7,12 @@ Definitions, each over the runs of one (temperature, suite, row):
   over all decode seconds.
 - speedup vs none: per prompt, the row's tokens/s over the target alone's, then the median
   over prompts. Speedup vs mlx-lm: the same against the mlx-lm row with the same k.
+- steady tokens/s: the same runs, each step timed at the median time of the row's steps
+  that drafted as many tokens (over the whole bench, at that temperature), so a spell of a
+  shared machine running slow (a step taking twice its usual time) moves no row: per
+  prompt, the decode tokens of all repeats over their steady time. Steady speedup vs none:
+  per prompt, over the target alone's, then the median over prompts. Not for mlx-lm's rows
+  (they report no steps).
 - acceptance: ours, accepted drafts over drafted tokens; mlx-lm's, the fraction of its
   tokens that came from the draft (it reports nothing else).
 - tokens per call: tokens over target calls.
@@ -36,7 +42,7 @@ def build_report(
 ) -> dict[str, Any]:
     """The whole report, as the JSON output holds it (see data/bench.schema.json)."""
     kept = [m for m in measurements if m.repeat >= 0]
-    results = per_prompt(kept)
+    results = per_prompt(kept, typical_steps(kept))
     summary = []
     for temperature in config.temperatures:
         suites = [s.name for s in config.suites] + (["all"] if len(config.suites) > 1 else [])
@@ -84,8 +90,31 @@ def build_report(
     }
 
 
-def per_prompt(kept: list[Measurement]) -> list[dict[str, Any]]:
-    """One entry per (temperature, suite, prompt, row): medians over repeats, and `matched`."""
+def typical_steps(kept: list[Measurement]) -> dict[tuple[float, str, int], float]:
+    """The median seconds of a step, by (temperature, row, tokens drafted)."""
+    times: dict[tuple[float, str, int], list[float]] = {}
+    for m in kept:
+        for drafted, _, seconds in m.decode_steps:
+            times.setdefault((m.temperature, m.row, drafted), []).append(seconds)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def steady_rate(
+    runs: list[Measurement], typical: dict[tuple[float, str, int], float]
+) -> float | None:
+    """Decode tokens over the runs' steps timed at their typical seconds (see the module)."""
+    tokens = sum(emitted for m in runs for _, emitted, _ in m.decode_steps)
+    seconds = sum(
+        typical[(m.temperature, m.row, drafted)] for m in runs for drafted, _, _ in m.decode_steps
+    )
+    return _ratio(tokens, seconds)
+
+
+def per_prompt(
+    kept: list[Measurement], typical: dict[tuple[float, str, int], float] | None = None
+) -> list[dict[str, Any]]:
+    """One entry per (temperature, suite, prompt, row): medians over repeats, the steady rate
+    (given the `typical` step times) and `matched`."""
     reference = {
         (m.temperature, m.suite, m.prompt_id, m.repeat): m.token_ids
         for m in kept
@@ -109,6 +138,7 @@ def per_prompt(kept: list[Measurement]) -> list[dict[str, Any]]:
                 "prompt_id": prompt_id,
                 "row": row,
                 "tokens_per_sec": statistics.median(m.tokens_per_sec for m in runs),
+                "steady_tokens_per_sec": steady_rate(runs, typical) if typical else None,
                 "time_to_first_token": statistics.median(m.time_to_first_token for m in runs),
                 "tokens": [len(m.token_ids) for m in runs],
                 "target_calls": [m.target_calls for m in runs],
@@ -132,6 +162,9 @@ def summarize_row(
 ) -> dict[str, Any]:
     """One line of the table: a row's numbers over the prompts of one suite (or all)."""
     rate = {(r["suite"], r["prompt_id"], r["row"]): r["tokens_per_sec"] for r in prompts}
+    steady = {
+        (r["suite"], r["prompt_id"], r["row"]): r.get("steady_tokens_per_sec") for r in prompts
+    }
     mine = [r for r in prompts if r["row"] == row.name]
     tokens = sum(len(m.token_ids) for m in runs)
     if row.method == MLX_LM:
@@ -162,6 +195,7 @@ def summarize_row(
             sum(m.decode_tokens for m in runs), sum(m.decode_seconds for m in runs)
         ),
         "speedup_vs_none": _speedup(mine, rate, "none"),
+        "steady_speedup_vs_none": _speedup(mine, steady, "none", "steady_tokens_per_sec"),
         "speedup_vs_mlx_lm": (
             _speedup(mine, rate, f"{MLX_LM} k={row.k}")
             if row.method not in ("none", MLX_LM) and row.k is not None
@@ -178,11 +212,13 @@ def summarize_row(
     }
 
 
-def _speedup(mine: list[dict], rate: dict, other: str) -> float | None:
+def _speedup(
+    mine: list[dict], rate: dict, other: str, field: str = "tokens_per_sec"
+) -> float | None:
     ratios = [
-        r["tokens_per_sec"] / rate[(r["suite"], r["prompt_id"], other)]
+        r[field] / rate[(r["suite"], r["prompt_id"], other)]
         for r in mine
-        if rate.get((r["suite"], r["prompt_id"], other))
+        if r.get(field) is not None and rate.get((r["suite"], r["prompt_id"], other))
     ]
     return _median(ratios)
 

@@ -255,3 +255,58 @@ def test_auto_k_and_draft_free_rows_run_beside_fixed_k(tiny_models):
     validate(report)
     matched = {s["row"]: s["matched"] for s in report["summary"]}
     assert all(matched[name] for name in names[1:])
+    steady = {s["row"]: s["steady_speedup_vs_none"] for s in report["summary"]}
+    assert steady["none"] == pytest.approx(1.0) and steady["draft k=auto"] > 0
+    assert steady["mlx-lm k=2"] is None  # mlx-lm reports no steps
+
+
+def test_steady_speedup_times_each_step_at_its_rows_median() -> None:
+    """A slow spell (steps taking three times their usual time) in one run moves the
+    measured speedup but not the steady one; the steady one is the ratio of tokens per
+    typical step time, which the test works out by hand."""
+    from specmlx.bench import Measurement
+
+    config = BenchConfig(
+        suites=(Suite("s", (Prompt("p", "x"),)),),
+        rows=(RowSpec("none", None), RowSpec("draft", 4)),
+        repeats=2,
+    )
+
+    def measured(row: str, repeat: int, steps: list[tuple[int, int, float]]) -> Measurement:
+        return Measurement(
+            row=row,
+            token_ids=tuple(range(1 + sum(n for _, n, _ in steps))),
+            target_calls=1 + len(steps),
+            drafted=sum(d for d, _, _ in steps),
+            accepted=0,
+            suite="s",
+            prompt_id="p",
+            repeat=repeat,
+            decode_tokens=sum(n for _, n, _ in steps),
+            decode_seconds=sum(s for _, _, s in steps),
+            decode_steps=tuple(steps),
+        )
+
+    plain = [(0, 1, 0.5)] * 12
+    # Drafts of 4 (0.9 s, 3 tokens) and of 2 (0.7 s, 2 tokens); the second run slowed down.
+    quiet = [(4, 3, 0.9), (2, 2, 0.7), (4, 3, 0.9), (4, 3, 0.9)]
+    slow = [(4, 3, 0.9), (2, 2, 0.7), (4, 3, 2.7), (4, 3, 2.7), (2, 2, 2.1), (4, 3, 0.9)]
+    runs = [
+        measured("none", 0, plain),
+        measured("draft k=4", 0, quiet),
+        measured("none", 1, plain),
+        measured("draft k=4", 1, slow),
+    ]
+    report = build_report(config, runs, _fake_environment(), None)
+    validate(report)
+    row = next(line for line in report["summary"] if line["row"] == "draft k=4")
+    # Typical: a draft of 4 takes 0.9 s (median of 0.9 x5, 2.7 x2), of 2 0.7 s.
+    tokens = 11 + 16
+    steady = tokens / (7 * 0.9 + 3 * 0.7)
+    assert row["steady_speedup_vs_none"] == pytest.approx(steady / 2.0)
+    # Measured: the median over repeats of each run's rate, so the slow run pulls it down.
+    measured_rate = (11 / 3.4 + 16 / 10.0) / 2
+    assert row["speedup_vs_none"] == pytest.approx(measured_rate / 2.0)
+    assert row["speedup_vs_none"] < row["steady_speedup_vs_none"]
+    report["environment"] |= {"python": "3", "cpu": "x", "cpu_count": 1}
+    assert "| steady × |" in markdown(report)
