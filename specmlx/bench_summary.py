@@ -111,7 +111,7 @@ def steady_rate(
 
 
 def per_prompt(
-    kept: list[Measurement], typical: dict[tuple[float, str, int], float] | None = None
+    kept: list[Measurement], typical: dict[tuple[float, str, int], float]
 ) -> list[dict[str, Any]]:
     """One entry per (temperature, suite, prompt, row): medians over repeats, the steady rate
     (given the `typical` step times) and `matched`."""
@@ -138,7 +138,7 @@ def per_prompt(
                 "prompt_id": prompt_id,
                 "row": row,
                 "tokens_per_sec": statistics.median(m.tokens_per_sec for m in runs),
-                "steady_tokens_per_sec": steady_rate(runs, typical) if typical else None,
+                "steady_tokens_per_sec": steady_rate(runs, typical),
                 "time_to_first_token": statistics.median(m.time_to_first_token for m in runs),
                 "tokens": [len(m.token_ids) for m in runs],
                 "target_calls": [m.target_calls for m in runs],
