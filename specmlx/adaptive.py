@@ -50,7 +50,8 @@ number of tokens verified, leaning on that mean, since the calibrated curve v(n)
 a measurement of a few calls (on a shared CPU it moves by ~15% from one calibration to the
 next) and a step of one size may run cheaper or dearer than it says. A response's first
 step also pays for setting up (buffers allocated anew after the prefill) and teaches no
-costs; while decoding plainly, what speculative steps measured (the overheads, the draft
+costs, nor does the first speculative step after plain ones (the draft model catches up on
+the plain stretch); while decoding plainly, what speculative steps measured (the overheads, the draft
 model's scale) fades back toward the calibration, so that one slow spell cannot rule
 speculation out for good.
 """
@@ -527,7 +528,7 @@ class AdaptiveK:
 
     def __post_init__(self) -> None:
         self._probe_interval = self.probe_every
-        self._probing = False  # the step under way is a probe
+        self._after_plain = False  # the last step observed was plain
         self._setting_up = False  # the step under way is a response's first
         # For the step under way: the chance of bringing a token that one more draft token
         # must have to pay for itself (also the least acceptance expected of tokens past
@@ -550,7 +551,6 @@ class AdaptiveK:
             hopeful = max(range(1, self.max_k + 1), key=lambda k: self.predicted(k, OPTIMISM))
             if self.predicted(hopeful, OPTIMISM) > self.predicted(0):
                 best = hopeful
-        self._probing = False
         if best > 0:
             self.steps_since_probe = 0
             self._probe_interval = self.probe_every
@@ -566,7 +566,6 @@ class AdaptiveK:
             # cost fades; the first probe that wins resets the interval.
             self.steps_since_probe = 0
             self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
-            self._probing = True
             return max(range(1, min(4, self.max_k) + 1), key=self.predicted)
         self.plain_steps += 1
         # The acceptance estimate stays as it was (fading it toward the prior would bring
@@ -617,6 +616,7 @@ class AdaptiveK:
         `confidences`, the draft's probability of each token, what its confidence says."""
         unit = self.profile.target_call_seconds
         setting_up, self._setting_up = self._setting_up, False
+        after_plain, self._after_plain = self._after_plain, depth == 0
         if depth == 0:
             self.tracker.plain_step()
             if seconds is not None and not setting_up:
@@ -631,9 +631,11 @@ class AdaptiveK:
         self.tracker.observe(depth, n_accepted, requested, passed, chance)
         if is_tree:
             self.tree_size = n_drafted + 1
-        # A probe also pays for the draft catching up on the plain stretch before it: a
-        # cost of falling back, not of speculating, so it does not count here.
-        if self._probing or setting_up:
+        # The first speculative step after plain ones (a probe, or speculation coming back)
+        # also pays for the draft model catching up on the plain stretch: a cost of falling
+        # back, not of speculating. Counted, it would time the draft model slow and send
+        # the policy back to plain decoding, whose next return would pay it again.
+        if after_plain or setting_up:
             return
         draft_call = self.profile.draft_call_seconds
         if draft_seconds is not None and draft_call and self.uses_draft_model:

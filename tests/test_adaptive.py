@@ -195,11 +195,13 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
     unit = MEMORY_BOUND.target_call_seconds
     # Each speculative step turns out to cost 5 target calls more than calibrated (a GPU
     # building kernels for every new shape, say); plain steps cost what calibration says.
+    # (Stretches of three: the first after a plain step teaches no costs.)
     for _ in range(30):
-        n = 0
-        while n < k and rng.random() < 0.6:
-            n += 1
-        policy.observe(k, n, k, False, seconds=unit * (policy.modelled_cost(k) + 5.0))
+        for _ in range(3):
+            n = 0
+            while n < k and rng.random() < 0.6:
+                n += 1
+            policy.observe(k, n, k, False, seconds=unit * (policy.modelled_cost(k) + 5.0))
         policy.observe(0, 0, 0, False, seconds=unit)
     assert policy.spec_overhead.value > 1.0  # clipped per step, so a hiccup can't dominate
     assert policy.choose() == 0
@@ -399,6 +401,22 @@ def test_a_slow_spell_of_the_draft_model_does_not_rule_speculation_out_for_good(
     assert policy.choose() == 0 and not policy.could_win()
     chosen = [policy.choose() for _ in range(32)]
     assert chosen[0] == 0 and chosen[-1] > 0
+
+
+def test_the_step_that_ends_a_plain_stretch_teaches_no_costs():
+    """Coming back from plain decoding, the draft model first catches up on the plain
+    stretch's tokens: that step's time is a cost of falling back, not the draft model's
+    pace. Counted, it timed the draft model slow and sent the policy back to plain decoding,
+    whose next return paid it again (creative text at T = 1 on the Qwen pair, where a
+    one-token draft barely pays)."""
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True)
+    unit, draft_call = LAPTOP.target_call_seconds, LAPTOP.draft_call_seconds
+    slow = {"seconds": 3 * unit, "draft_seconds": 4 * draft_call}
+    policy.observe(0, 0, 0, False, unit)
+    policy.observe(1, 1, 1, False, **slow)
+    assert policy.draft_scale.value == 1.0 and policy.spec_overhead.value == 0.0
+    policy.observe(1, 1, 1, False, **slow)  # the same time, in the middle of speculating
+    assert policy.draft_scale.value > 2.0 and policy.spec_overhead.value > 0.0
 
 
 def test_positions_behind_a_confidence_threshold_are_expected_to_pass_it():
