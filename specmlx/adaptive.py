@@ -51,9 +51,9 @@ a measurement of a few calls (on a shared CPU it moves by ~15% from one calibrat
 next) and a step of one size may run cheaper or dearer than it says. A response's first
 step also pays for setting up (buffers allocated anew after the prefill) and teaches no
 costs, nor does the first speculative step after plain ones (the draft model catches up on
-the plain stretch); while decoding plainly, what speculative steps measured (the overheads, the draft
-model's scale) fades back toward the calibration, so that one slow spell cannot rule
-speculation out for good.
+the plain stretch); while decoding plainly, what speculative steps measured (the overheads,
+the draft model's scale) fades back toward the calibration, so that one slow spell cannot
+rule speculation out for good.
 """
 
 from __future__ import annotations

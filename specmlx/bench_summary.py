@@ -162,9 +162,7 @@ def summarize_row(
 ) -> dict[str, Any]:
     """One line of the table: a row's numbers over the prompts of one suite (or all)."""
     rate = {(r["suite"], r["prompt_id"], r["row"]): r["tokens_per_sec"] for r in prompts}
-    steady = {
-        (r["suite"], r["prompt_id"], r["row"]): r.get("steady_tokens_per_sec") for r in prompts
-    }
+    steady = {(r["suite"], r["prompt_id"], r["row"]): r["steady_tokens_per_sec"] for r in prompts}
     mine = [r for r in prompts if r["row"] == row.name]
     tokens = sum(len(m.token_ids) for m in runs)
     if row.method == MLX_LM:
