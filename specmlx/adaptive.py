@@ -15,10 +15,10 @@ on low confidence or runs out of proposals), D(k) the tokens it drafts, c the co
 draft-model call and v(n) the cost of an n-token target call, both in one-token target
 calls (`specmlx.costs.CostProfile`); a tree drafter's calls cost its tree's size. Plain
 decoding is k = 0 with E = cost = 1. When no k beats it, the policy decodes plainly and
-probes with a speculative step now and then, so it comes back when acceptance recovers;
-while there is little experience (a response's first tokens are often missed), it keeps
-speculating as long as an upper confidence bound of the first position's rate says it
-could win.
+probes with a speculative step now and then, so it comes back when acceptance recovers
+(soon after a fall-back on few drafts, ever less often while probes lose); while there is
+little experience (a response's first tokens are often missed), it keeps speculating as
+long as an upper confidence bound of the first position's rate says it could win.
 
 A draft model ends its draft once one more token no longer pays (llama.cpp's p_min, but
 judged on the whole draft so far; the last token is still verified, its call being spent),
@@ -393,6 +393,10 @@ class AdaptiveK:
     max_k: int = 16
     probe_every: int = 16  # plain steps between probes; doubles while probes keep losing
     max_probe_every: int = 256
+    # A fall-back that rests on few speculative steps (a response's first drafts, missed
+    # by chance) is checked sooner: its first probe comes as many steps after it as there
+    # were speculative steps, at least this many (at most `probe_every`).
+    min_probe_every: int = 2
     # Per plain step, how much of what speculative steps measured beyond the calibration
     # (a slower draft model, an overhead) remains: a fifth after 16 plain steps. Plain
     # steps cannot time the draft model, so a slow spell, once passed, must fade: merely
@@ -527,7 +531,7 @@ class AdaptiveK:
         return max(range(self.max_k + 1), key=self.predicted)
 
     def __post_init__(self) -> None:
-        self._probe_interval = self.probe_every
+        self._probe_interval = 0  # plain steps before the next probe; 0: not falling back
         self._after_plain = False  # the last step observed was plain
         self._setting_up = False  # the step under way is a response's first
         # For the step under way: the chance of bringing a token that one more draft token
@@ -553,13 +557,20 @@ class AdaptiveK:
                 best = hopeful
         if best > 0:
             self.steps_since_probe = 0
-            self._probe_interval = self.probe_every
+            self._probe_interval = 0  # set by the next fall-back
             if self.drafter_cuts and self.fixed_p_min is None:
                 # The average rates by position only cap a draft that would go on further
                 # where its own confidence says each token pays (sure stretches of text).
                 return self.max_k
             return best
         self.steps_since_probe += 1
+        if not self._probe_interval:
+            # The estimate that falls back has as many speculative steps behind it as the
+            # tracker has seen; the first probe weighs it against fresh evidence as many
+            # steps later. (Two early misses, by chance, would otherwise
+            # leave a response plain for `probe_every` steps where most drafts are kept.)
+            evidence = max(self.min_probe_every, self.tracker.steps)
+            self._probe_interval = min(self.probe_every, evidence)
         if self.steps_since_probe >= self._probe_interval and self.could_win():
             # A probe: one short speculative step keeps the acceptance estimate fresh. While
             # probes keep finding speculation a loss they come ever less often, so their

@@ -558,7 +558,11 @@ def test_a_plain_stretch_does_not_bring_speculation_back_by_itself():
     """Only probes bring speculation back: the acceptance estimate does not drift toward
     the optimistic prior while nothing is drafted."""
     policy = AdaptiveK(
-        MEMORY_BOUND, uses_draft_model=True, probe_every=10_000, max_probe_every=10_000
+        MEMORY_BOUND,
+        uses_draft_model=True,
+        probe_every=10_000,
+        max_probe_every=10_000,
+        min_probe_every=10_000,
     )
     feed(policy, 0.02, 60, random.Random(12))
     assert [policy.choose() for _ in range(300)] == [0] * 300
@@ -610,3 +614,22 @@ def test_a_draft_after_a_rejected_token_is_expected_to_be_kept_less_often():
     on_track = policy.best_k()
     policy.tracker.missed = True
     assert policy.best_k() < on_track
+
+
+def test_a_fall_back_on_few_steps_is_probed_sooner():
+    """Two missed drafts at a response's start send it plain (the costs here want ~60% of
+    first tokens kept), but they are little evidence: the first probe comes as many steps
+    after the fall-back as there were drafts. One on long experience waits `probe_every`."""
+    openblas = CostProfile(0.48, 0.167, {1: 1.0, 2: 1.24, 4: 1.30, 8: 1.33, 16: 1.55})
+
+    def plain_before_probe(misses: int) -> int:
+        policy = AdaptiveK(openblas, uses_draft_model=True)
+        for _ in range(misses):
+            policy.observe(4, 0, 4, is_tree=False)
+        for plain in range(100):
+            if policy.choose():
+                return plain
+        return 100
+
+    assert plain_before_probe(2) == 1
+    assert plain_before_probe(40) == 15
