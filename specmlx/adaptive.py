@@ -395,7 +395,8 @@ class AdaptiveK:
     max_probe_every: int = 256
     # A fall-back that rests on few speculative steps (a response's first drafts, missed
     # by chance) is checked sooner: its first probe comes as many steps after it as there
-    # were speculative steps, at least this many (at most `probe_every`).
+    # were speculative steps, at least this many (at most `probe_every`; a policy plain
+    # from the start waits `probe_every`).
     min_probe_every: int = 2
     # Per plain step, how much of what speculative steps measured beyond the calibration
     # (a slower draft model, an overhead) remains: a fifth after 16 plain steps. Plain
@@ -567,10 +568,14 @@ class AdaptiveK:
         if not self._probe_interval:
             # The estimate that falls back has as many speculative steps behind it as the
             # tracker has seen; the first probe weighs it against fresh evidence as many
-            # steps later. (Two early misses, by chance, would otherwise
-            # leave a response plain for `probe_every` steps where most drafts are kept.)
-            evidence = max(self.min_probe_every, self.tracker.steps)
-            self._probe_interval = min(self.probe_every, evidence)
+            # steps later. (Two early misses, by chance, would otherwise leave a response
+            # plain for `probe_every` steps where most drafts are kept.) A policy that its
+            # prior keeps plain before any draft (a tree dearer than a plain step) probes at
+            # the usual pace: no chance streak sent it there.
+            self._probe_interval = self.probe_every
+            if self.tracker.steps:
+                evidence = max(self.min_probe_every, self.tracker.steps)
+                self._probe_interval = min(self.probe_every, evidence)
         if self.steps_since_probe >= self._probe_interval and self.could_win():
             # A probe: one short speculative step keeps the acceptance estimate fresh. While
             # probes keep finding speculation a loss they come ever less often, so their

@@ -633,3 +633,6 @@ def test_a_fall_back_on_few_steps_is_probed_sooner():
 
     assert plain_before_probe(2) == 1
     assert plain_before_probe(40) == 15
+    # Where even the prior says speculation loses, no streak sent it plain: the usual pace.
+    dear = AdaptiveK(openblas, uses_draft_model=True, tracker=AcceptanceTracker(prior_rate=0.2))
+    assert [dear.choose() for _ in range(16)] == [0] * 15 + [1]
