@@ -326,13 +326,25 @@ class ConfidenceCalibration:
 
 @dataclass
 class Overhead:
-    """Decaying mean of measured step cost minus modelled step cost, in target calls."""
+    """Decaying mean of measured step cost minus modelled step cost, in target calls.
+
+    It starts at the calibration (0), held as `prior_weight` steps of evidence that decay as
+    measured steps do: the calibration is believed until several steps disagree, and counts
+    for nothing once many have. (A prior that did not decay would hold back a fixed share of
+    what the steps say for good: with decay 0.9 they weigh at most 10 together, so a prior
+    of 4 kept 29% of any measured overhead out of every cost, whatever the evidence; the
+    calibrated curve's ~10% error by size then stood.)
+    """
 
     decay: float = 0.9
     prior_weight: float = 4.0  # the calibration is believed until several steps disagree
     clip: tuple[float, float] = (-1.0, 2.0)  # one slow step (a hiccup) moves it only so far
     total: float = 0.0
-    weight: float = 0.0
+    weight: float | None = None  # None: the prior's alone
+
+    def __post_init__(self) -> None:
+        if self.weight is None:
+            self.weight = self.prior_weight
 
     def observe(self, excess: float) -> None:
         excess = min(max(excess, self.clip[0]), self.clip[1])
@@ -346,14 +358,14 @@ class Overhead:
 
     def fade(self, factor: float) -> None:
         """Time passed without a measurement: what was measured shrinks toward the
-        calibration by `factor`, and counts for less against the next measurement."""
+        calibration by `factor`, and the calibration regains as much of its weight."""
         value = self.value * factor
-        self.weight *= factor
-        self.total = value * (self.weight + self.prior_weight)
+        self.weight = self.weight * factor + self.prior_weight * (1 - factor)
+        self.total = value * self.weight
 
     @property
     def value(self) -> float:
-        return self.total / (self.weight + self.prior_weight)
+        return self.total / self.weight if self.weight else 0.0
 
 
 @dataclass
@@ -399,10 +411,17 @@ class AdaptiveK:
     # from the start waits `probe_every`).
     min_probe_every: int = 2
     # Per plain step, how much of what speculative steps measured beyond the calibration
-    # (a slower draft model, an overhead) remains: a fifth after 16 plain steps. Plain
-    # steps cannot time the draft model, so a slow spell, once passed, must fade: merely
-    # weighing it less would leave its mean, and speculation off for good.
+    # (a slower draft model, an overhead) remains, past the first `fade_after` of a plain
+    # stretch: a fifth after 16 more. Plain steps cannot time the draft model, so a slow
+    # spell, once passed, must fade: merely weighing it less would leave its mean, and
+    # speculation off for good.
     cost_fade: float = 0.9
+    # A plain step or two between drafts (after a miss, where the next draft is kept less
+    # often) is part of speculating, not time away from it: the fade starts after this
+    # many plain steps in a row. (Faded from the first, the measurements that alternate
+    # with such steps were pulled back toward the calibration as fast as the steps taught
+    # them: a calibration 5-10% too dear stayed so, on creative text at T = 1.)
+    fade_after: int = 3
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
     fixed_p_min: float | None = None  # the user's confidence threshold; None: from costs
@@ -584,6 +603,8 @@ class AdaptiveK:
             self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
             return max(range(1, min(4, self.max_k) + 1), key=self.predicted)
         self.plain_steps += 1
+        if self.steps_since_probe <= self.fade_after:
+            return 0
         # The acceptance estimate stays as it was (fading it toward the prior would bring
         # speculation back on no evidence; probes refresh it), but a measured overhead of
         # speculating, or a slow spell of the draft model, may have been passing: once
@@ -661,4 +682,4 @@ class AdaptiveK:
             excess = seconds / unit - self._cost(n_drafted, None, measured=True)
             self.spec_overhead.observe(excess)
             self._age_sizes()
-            self.size_overhead.setdefault(n_drafted + 1, Overhead()).observe(excess)
+            self.size_overhead.setdefault(n_drafted + 1, Overhead(prior_weight=0.0)).observe(excess)

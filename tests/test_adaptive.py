@@ -217,6 +217,35 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
     assert slow.step_cost(4) == pytest.approx(4 * MEMORY_BOUND.c + verify, rel=0.02)
 
 
+def test_a_steady_overhead_is_learned_in_full():
+    """Every speculative step costs 0.3 target calls more than the calibrated curve says (a
+    calibration ~10% off at the sizes drafted): after a few dozen steps the policy prices
+    them at what they cost, not at a share of it held back by the calibration forever. And
+    a plain stretch fades it back toward the calibration, the calibration's weight with it."""
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True)
+    unit = LAPTOP.target_call_seconds
+    assert policy.overhead(2) == 0.0
+    policy.observe(1, 1, 1, False, seconds=unit * policy.modelled_cost(1))  # the first: no costs
+    policy.observe(1, 1, 1, False, seconds=unit * (policy.modelled_cost(1) + 0.3))
+    early = policy.overhead(2)
+    assert 0.0 < early < 0.15  # one step does not overrule the calibration
+    for _ in range(60):
+        policy.observe(1, 1, 1, False, seconds=unit * (policy.modelled_cost(1) + 0.3))
+    assert policy.overhead(2) == pytest.approx(0.3, abs=0.01)
+    assert policy.scaled_cost(1) == pytest.approx(policy.modelled_cost(1) + 0.3, abs=0.01)
+    for _ in range(40):  # the draft turns bad: speculation loses
+        policy.observe(1, 0, 1, False, seconds=unit * (policy.modelled_cost(1) + 0.3))
+    weight, value = policy.spec_overhead.weight, policy.spec_overhead.value
+    # A plain step or two between drafts fades nothing; a stretch does.
+    assert [policy.choose() for _ in range(policy.fade_after)] == [0] * policy.fade_after
+    assert policy.spec_overhead.value == value
+    for _ in range(12):
+        assert policy.choose() == 0
+    assert policy.spec_overhead.value == pytest.approx(value * policy.cost_fade**12, rel=1e-6)
+    assert policy.spec_overhead.weight > policy.spec_overhead.prior_weight
+    assert policy.spec_overhead.weight < weight
+
+
 def test_one_slow_step_does_not_switch_speculation_off():
     policy = AdaptiveK(MEMORY_BOUND, uses_draft_model=True)
     rng = random.Random(6)
