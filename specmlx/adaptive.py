@@ -332,8 +332,8 @@ class Overhead:
     measured steps do: the calibration is believed until several steps disagree, and counts
     for nothing once many have. (A prior that did not decay would hold back a fixed share of
     what the steps say for good: with decay 0.9 they weigh at most 10 together, so a prior
-    of 4 kept 29% of any measured overhead out of every cost, whatever the evidence; the
-    calibrated curve's ~10% error by size then stood.)
+    of 4 kept 29% of the pooled overhead out, whatever the evidence, and with it part of
+    the overhead of each size, which leans on the pooled one.)
     """
 
     decay: float = 0.9
@@ -420,7 +420,8 @@ class AdaptiveK:
     # often) is part of speculating, not time away from it: the fade starts after this
     # many plain steps in a row. (Faded from the first, the measurements that alternate
     # with such steps were pulled back toward the calibration as fast as the steps taught
-    # them: a calibration 5-10% too dear stayed so, on creative text at T = 1.)
+    # them: one-token steps stayed priced 3% dearer than they ran, two-token steps 12%,
+    # on creative text at T = 1.)
     fade_after: int = 3
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
