@@ -51,9 +51,9 @@ a measurement of a few calls (on a shared CPU it moves by ~15% from one calibrat
 next) and a step of one size may run cheaper or dearer than it says. A response's first
 step also pays for setting up (buffers allocated anew after the prefill) and teaches no
 costs, nor does the first speculative step after plain ones (the draft model catches up on
-the plain stretch); while decoding plainly, what speculative steps measured (the overheads,
-the draft model's scale) fades back toward the calibration, so that one slow spell cannot
-rule speculation out for good.
+the plain stretch); while decoding plainly (past a stretch's first few steps), what
+speculative steps measured (the overheads, the draft model's scale) fades back toward the
+calibration, so that one slow spell cannot rule speculation out for good.
 """
 
 from __future__ import annotations
@@ -420,8 +420,8 @@ class AdaptiveK:
     # often) is part of speculating, not time away from it: the fade starts after this
     # many plain steps in a row. (Faded from the first, the measurements that alternate
     # with such steps were pulled back toward the calibration as fast as the steps taught
-    # them: one-token steps stayed priced 3% dearer than they ran, two-token steps 12%,
-    # on creative text at T = 1.)
+    # them; with the calibration's prior that did not age, one-token steps stayed priced
+    # 3% dearer than they ran, two-token steps 12%, on creative text at T = 1.)
     fade_after: int = 3
     tracker: AcceptanceTracker = field(default_factory=AcceptanceTracker)
     tree_size: int | None = None  # tokens a tree drafter's proposals cost, once seen
