@@ -16,9 +16,10 @@ draft-model call and v(n) the cost of an n-token target call, both in one-token 
 calls (`specmlx.costs.CostProfile`); a tree drafter's calls cost its tree's size. Plain
 decoding is k = 0 with E = cost = 1. When no k beats it, the policy decodes plainly and
 probes with a speculative step now and then, so it comes back when acceptance recovers
-(soon after a fall-back on few drafts, ever less often while probes lose); while there is
-little experience (a response's first tokens are often missed), it keeps speculating as
-long as an upper confidence bound of the first position's rate says it could win.
+(soon after a fall-back on few drafts, ever less often while probes lose, at the same pace
+while they win); while there is little experience (a response's first tokens are often
+missed), it keeps speculating as long as an upper confidence bound of the first position's
+rate says it could win.
 
 A draft model ends its draft once one more token no longer pays (llama.cpp's p_min, but
 judged on the whole draft so far; the last token is still verified, its call being spent),
@@ -52,8 +53,11 @@ next) and a step of one size may run cheaper or dearer than it says. A response'
 step also pays for setting up (buffers allocated anew after the prefill) and teaches no
 costs, nor does the first speculative step after plain ones (the draft model catches up on
 the plain stretch); while decoding plainly (past a stretch's first few steps), what
-speculative steps measured (the overheads, the draft model's scale) fades back toward the
-calibration, so that one slow spell cannot rule speculation out for good.
+speculative steps measured to cost more than calibrated (the overheads, the draft model's
+scale) fades back toward the calibration, so that one slow spell cannot rule speculation out
+for good; what they measured to cost less stays until speculative steps measure it again.
+The measured costs are the machine's, not a response's: the next response on the same loaded
+models starts from them (`LearnedCosts`).
 """
 
 from __future__ import annotations
@@ -397,6 +401,27 @@ class Scale:
 
 
 @dataclass
+class LearnedCosts:
+    """What steps measured of a combination's costs beyond its calibration.
+
+    The calibration is a few calls per size, measured once (on a shared CPU its points move
+    by ~10% between measurements); what the loop measures is the better evidence, and it is
+    evidence about the machine, not about one response. Kept with the loaded models, it
+    lets each response start from what earlier ones learned rather than from the
+    calibration's error again (on the Qwen pair at T = 0, a draft at break-even that the
+    calibration priced ~10% too dear left two of three responses to one prompt plain
+    after their first misses).
+    """
+
+    draft_scale: Scale = field(default_factory=Scale)  # draft-model calls
+    target_scale: Scale = field(default_factory=Scale)  # plain steps
+    spec_overhead: Overhead = field(default_factory=Overhead)
+    # The same, per number of tokens verified (its evidence fades with every speculative
+    # step, so a size that stops being drafted leans back on the overhead over all sizes).
+    size_overhead: dict[int, Overhead] = field(default_factory=dict)
+
+
+@dataclass
 class AdaptiveK:
     """Chooses k per step; k = 0 means a plain step (speculation predicted to lose)."""
 
@@ -432,12 +457,10 @@ class AdaptiveK:
     steps_since_probe: int = 0
     plain_steps: int = 0
     calibration: ConfidenceCalibration = field(default_factory=ConfidenceCalibration)
-    draft_scale: Scale = field(default_factory=Scale)  # draft-model calls
-    target_scale: Scale = field(default_factory=Scale)  # plain steps
-    spec_overhead: Overhead = field(default_factory=Overhead)
-    # The same, per number of tokens verified (its evidence fades with every speculative
-    # step, so a size that stops being drafted leans back on the overhead over all sizes).
-    size_overhead: dict[int, Overhead] = field(default_factory=dict)
+    # What steps measured beyond the calibration; shared by the policies of one loaded
+    # combination (`specmlx.api.make_policy`), so a response starts from what earlier ones
+    # learned.
+    costs: LearnedCosts = field(default_factory=LearnedCosts)
 
     def modelled_cost(self, k: float, n_tokens: float | None = None) -> float:
         """The calibrated cost of a step drafting k tokens (an expected number, maybe) and
@@ -458,10 +481,10 @@ class AdaptiveK:
         (an expected number, maybe: interpolated between the sizes around it): each size's
         own decaying mean, drawn toward the mean over all sizes while it has little
         evidence."""
-        pooled = self.spec_overhead.value
+        pooled = self.costs.spec_overhead.value
 
         def at(n: int) -> float:
-            own = self.size_overhead.get(n)
+            own = self.costs.size_overhead.get(n)
             if own is None:
                 return pooled
             return (own.total + pooled * SIZE_PRIOR) / (own.weight + SIZE_PRIOR)
@@ -472,7 +495,7 @@ class AdaptiveK:
 
     def _age_sizes(self) -> None:
         """A step passed: each size's own overhead counts for less against the pooled one."""
-        for own in self.size_overhead.values():
+        for own in self.costs.size_overhead.values():
             own.age(self.tracker.decay)
 
     def _size(self, k: float, n_tokens: float | None) -> float:
@@ -482,8 +505,8 @@ class AdaptiveK:
         return self.tree_size if self.tree_size is not None else k + 1
 
     def _cost(self, k: float, n_tokens: float | None, measured: bool) -> float:
-        draft_scale = self.draft_scale.value if measured else 1.0
-        target_scale = self.target_scale.value if measured else 1.0
+        draft_scale = self.costs.draft_scale.value if measured else 1.0
+        target_scale = self.costs.target_scale.value if measured else 1.0
         if k == 0:
             return max(target_scale, 0.1)
         c = self.profile.c if self.uses_draft_model else 0.0
@@ -530,7 +553,8 @@ class AdaptiveK:
         rate = max(self.predicted(k) for k in range(self.max_k + 1))
         marginal_verify = max((self.profile.verify_cost(9) - 1.0) / 8, 0.0)
         marginal = (
-            self.draft_scale.value * self.profile.c + self.target_scale.value * marginal_verify
+            self.costs.draft_scale.value * self.profile.c
+            + self.costs.target_scale.value * marginal_verify
         )
         return min(0.95, rate * marginal)
 
@@ -553,6 +577,7 @@ class AdaptiveK:
 
     def __post_init__(self) -> None:
         self._probe_interval = 0  # plain steps before the next probe; 0: not falling back
+        self._probing = 0  # the step under way is a probe: the interval it was due after
         self._after_plain = False  # the last step observed was plain
         self._setting_up = False  # the step under way is a response's first
         # For the step under way: the chance of bringing a token that one more draft token
@@ -599,8 +624,10 @@ class AdaptiveK:
         if self.steps_since_probe >= self._probe_interval and self.could_win():
             # A probe: one short speculative step keeps the acceptance estimate fresh. While
             # probes keep finding speculation a loss they come ever less often, so their
-            # cost fades; the first probe that wins resets the interval.
+            # cost fades (one that wins keeps the pace: `observe`); once speculation
+            # resumes, the next fall-back sets the interval afresh.
             self.steps_since_probe = 0
+            self._probing = self._probe_interval
             self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
             return max(range(1, min(4, self.max_k) + 1), key=self.predicted)
         self.plain_steps += 1
@@ -610,11 +637,20 @@ class AdaptiveK:
         # speculation back on no evidence; probes refresh it), but a measured overhead of
         # speculating, or a slow spell of the draft model, may have been passing: once
         # faded, speculative steps measure them again. (Kept, one slow step could rule
-        # speculation out for good: plain steps never time the draft model.)
-        self.spec_overhead.fade(self.cost_fade)
-        self.draft_scale.fade(self.cost_fade)
-        for own in self.size_overhead.values():
-            own.fade(self.cost_fade)
+        # speculation out for good: plain steps never time the draft model.) Only what
+        # makes speculating dearer than calibrated fades: steps measured to run cheaper
+        # are measured again as soon as speculation resumes, while fading them would
+        # restore the calibration's error (a point of the curve ~10% too dear, measured
+        # once) and, at break-even, keep a response plain.
+        if self.costs.spec_overhead.value > 0:
+            self.costs.spec_overhead.fade(self.cost_fade)
+        if self.costs.draft_scale.value > 1:
+            self.costs.draft_scale.fade(self.cost_fade)
+        for own in self.costs.size_overhead.values():
+            if own.value > 0:
+                own.fade(self.cost_fade)
+            else:
+                own.age(self.cost_fade)  # it leans back on the pooled overhead
         return 0
 
     def new_response(self) -> None:
@@ -655,11 +691,18 @@ class AdaptiveK:
         unit = self.profile.target_call_seconds
         setting_up, self._setting_up = self._setting_up, False
         after_plain, self._after_plain = self._after_plain, depth == 0
+        probing, self._probing = self._probing, 0
         if depth == 0:
             self.tracker.plain_step()
             if seconds is not None and not setting_up:
-                self.target_scale.observe(seconds / unit)
+                self.costs.target_scale.observe(seconds / unit)
             return
+        if probing and (n_accepted + 1) * self.scaled_cost(0) > self.scaled_cost(n_drafted):
+            # A probe that brought more tokens than plain steps would have in its time (as
+            # the costs price it) is no sign that speculation keeps losing: the next one
+            # comes as soon as this one did. (Doubled on every probe, at break-even a few
+            # misses by chance kept a response plain.)
+            self._probe_interval = probing
         requested = depth if is_tree or requested is None else requested
         passed, chance = None, 0.0
         if confidences and not is_tree:
@@ -677,10 +720,14 @@ class AdaptiveK:
             return
         draft_call = self.profile.draft_call_seconds
         if draft_seconds is not None and draft_call and self.uses_draft_model:
-            self.draft_scale.observe(draft_seconds / (n_drafted * draft_call), calls=n_drafted)
+            self.costs.draft_scale.observe(
+                draft_seconds / (n_drafted * draft_call), calls=n_drafted
+            )
         if seconds is not None:
             # The step's cost as modelled at the measured scales, its overhead left out.
             excess = seconds / unit - self._cost(n_drafted, None, measured=True)
-            self.spec_overhead.observe(excess)
+            self.costs.spec_overhead.observe(excess)
             self._age_sizes()
-            self.size_overhead.setdefault(n_drafted + 1, Overhead(prior_weight=0.0)).observe(excess)
+            self.costs.size_overhead.setdefault(n_drafted + 1, Overhead(prior_weight=0.0)).observe(
+                excess
+            )

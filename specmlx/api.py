@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specmlx.adaptive import AdaptiveK
+from specmlx.adaptive import AdaptiveK, LearnedCosts
 from specmlx.cache import Sequence
 from specmlx.decode import Step, decode
 from specmlx.drafters.base import Drafter
@@ -94,6 +94,8 @@ class Models:
     draft: nn.Module | None = None
     target_path: Path | None = None
     draft_path: Path | None = None
+    # What adaptive k measured of each drafter's costs on this machine, for the next response.
+    learned_costs: dict[tuple, LearnedCosts] = field(default_factory=dict, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -240,15 +242,26 @@ def make_policy(
 
     uses_model = getattr(drafter, "draft_model", None) is not None
     profile, _ = load_or_measure(models, with_draft=uses_model)
+    tree_size = getattr(drafter, "tree_size", None)
+    # The costs earlier responses measured carry over: they are the machine's, not a
+    # response's (sampling adds its own per-step cost, so greedy decoding keeps its own).
+    key = (
+        type(drafter).__name__,
+        tree_size,
+        config.sampling.temperature == 0,
+        profile.target_call_seconds,
+        profile.draft_call_seconds,
+    )
     # A tree drafter's calls cost its tree size from the first step on.
     return AdaptiveK(
         profile,
         uses_model,
         max_k=config.max_k,
         tracker=AcceptanceTracker(prior_rate=getattr(drafter, "prior_acceptance", PRIOR_RATE)),
-        tree_size=getattr(drafter, "tree_size", None),
+        tree_size=tree_size,
         fixed_p_min=config.p_min,
         drafter_cuts=hasattr(drafter, "goes_on"),
+        costs=models.learned_costs.setdefault(key, LearnedCosts()),
     )
 
 

@@ -88,6 +88,45 @@ def test_switches_back_when_acceptance_recovers():
     assert policy.choose() >= 3
 
 
+def test_a_probe_that_wins_does_not_put_the_next_one_off():
+    """Near break-even (a one-token draft kept about half the time, where its step costs 1.5
+    plain steps), a streak of misses sends the policy to plain decoding; then the drafts are
+    kept again. Probes that find their draft kept come at an even pace until the estimate
+    recovers. Doubled on every probe, the third came 64 steps after the second: a response
+    stayed plain."""
+    unit = LAPTOP.target_call_seconds
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True, max_k=1)
+    step = unit * policy.modelled_cost(1)
+    rng = random.Random(0)
+    for _ in range(60):
+        policy.observe(1, int(rng.random() < 0.5), 1, False, seconds=step)
+    for _ in range(20):
+        policy.observe(1, 0, 1, False, seconds=step)
+    chosen = []
+    for _ in range(64):
+        chosen.append(policy.choose())
+        if chosen[-1]:
+            policy.observe(1, 1, 1, False, seconds=step)  # kept
+        else:
+            policy.observe(0, 0, 0, False, seconds=unit)
+    probes = [i for i, k in enumerate(chosen) if k][:3]
+    assert probes[1] - probes[0] == probes[2] - probes[1] == 16
+    assert all(chosen[probes[2] :])  # speculating again
+    # Probes that lose put the next one off, ever further.
+    losing = AdaptiveK(LAPTOP, uses_draft_model=True, max_k=1)
+    for _ in range(40):
+        losing.observe(1, 0, 1, False, seconds=step)
+    probes = []
+    for i in range(200):
+        if losing.choose():
+            probes.append(i)
+            losing.observe(1, 0, 1, False, seconds=step)
+        else:
+            losing.observe(0, 0, 0, False, seconds=unit)
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert len(gaps) >= 2 and gaps == sorted(gaps) and gaps[-1] > gaps[0]
+
+
 def test_draft_free_methods_count_no_draft_cost():
     policy = AdaptiveK(COMPUTE_BOUND, uses_draft_model=False)
     feed(policy, 0.99, 300, random.Random(4))
@@ -174,6 +213,35 @@ def test_a_drafter_that_starts_worse_starts_plain_where_its_tree_costs_more(
         assert (policy.choose() == 0) == (method == "lookahead")
 
 
+def test_the_costs_one_response_measured_carry_to_the_next(tiny_dirs, tmp_path, monkeypatch):
+    """Costs are the machine's: a new response's policy (from make_policy, on the same loaded
+    models) starts from what earlier ones measured, with a fresh acceptance estimate. Another
+    drafter, or sampling instead of greedy decoding, learns its own."""
+    import specmlx
+    from specmlx.api import GenerationConfig, make_drafter, make_policy
+    from specmlx.sampling import SamplingConfig
+
+    monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps: LAPTOP)
+    models = specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
+
+    def policy_for(config: GenerationConfig) -> AdaptiveK:
+        return make_policy(models, config, make_drafter(models, config))
+
+    greedy = GenerationConfig(method="draft")
+    first = policy_for(greedy)
+    for _ in range(30):
+        seconds = LAPTOP.target_call_seconds * (first.modelled_cost(2) + 0.5)
+        first.observe(2, 1, 2, False, seconds=seconds)
+    assert first.scaled_cost(2) == pytest.approx(first.modelled_cost(2) + 0.5, abs=0.05)
+    second = policy_for(greedy)
+    assert second.tracker.steps == 0
+    assert second.scaled_cost(2) == first.scaled_cost(2)
+    sampled = GenerationConfig(method="draft", sampling=SamplingConfig(temperature=1.0))
+    for other in (policy_for(sampled), policy_for(GenerationConfig(method="ngram"))):
+        assert other.scaled_cost(2) == other.modelled_cost(2)
+
+
 def test_unseen_deep_positions_lean_on_the_rate_before_them():
     """Half the drafts miss at once, the rest match to the end: deep positions keep matching."""
     tracker = AcceptanceTracker(decay=0.99)
@@ -203,7 +271,7 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
                 n += 1
             policy.observe(k, n, k, False, seconds=unit * (policy.modelled_cost(k) + 5.0))
         policy.observe(0, 0, 0, False, seconds=unit)
-    assert policy.spec_overhead.value > 1.0  # clipped per step, so a hiccup can't dominate
+    assert policy.costs.spec_overhead.value > 1.0  # clipped per step, so a hiccup can't dominate
     assert policy.choose() == 0
     # Plain steps that are all slow say the target runs slow: its verify calls are priced
     # at the same scale, so a drafter that loses keeps losing.
@@ -212,8 +280,8 @@ def test_measured_step_overheads_switch_speculation_off_and_on():
     assert slow.choose() == 0
     for _ in range(30):
         slow.observe(0, 0, 0, False, seconds=unit * 5.0)
-    assert slow.target_scale.value > 4.5
-    verify = slow.target_scale.value * MEMORY_BOUND.verify_cost(5)
+    assert slow.costs.target_scale.value > 4.5
+    verify = slow.costs.target_scale.value * MEMORY_BOUND.verify_cost(5)
     assert slow.step_cost(4) == pytest.approx(4 * MEMORY_BOUND.c + verify, rel=0.02)
 
 
@@ -235,15 +303,38 @@ def test_a_steady_overhead_is_learned_in_full():
     assert policy.scaled_cost(1) == pytest.approx(policy.modelled_cost(1) + 0.3, abs=0.01)
     for _ in range(40):  # the draft turns bad: speculation loses
         policy.observe(1, 0, 1, False, seconds=unit * (policy.modelled_cost(1) + 0.3))
-    weight, value = policy.spec_overhead.weight, policy.spec_overhead.value
+    weight, value = policy.costs.spec_overhead.weight, policy.costs.spec_overhead.value
     # A plain step or two between drafts fades nothing; a stretch does.
     assert [policy.choose() for _ in range(policy.fade_after)] == [0] * policy.fade_after
-    assert policy.spec_overhead.value == value
+    assert policy.costs.spec_overhead.value == value
     for _ in range(12):
         assert policy.choose() == 0
-    assert policy.spec_overhead.value == pytest.approx(value * policy.cost_fade**12, rel=1e-6)
-    assert policy.spec_overhead.weight > policy.spec_overhead.prior_weight
-    assert policy.spec_overhead.weight < weight
+    assert policy.costs.spec_overhead.value == pytest.approx(value * policy.cost_fade**12, rel=1e-6)
+    assert policy.costs.spec_overhead.weight > policy.costs.spec_overhead.prior_weight
+    assert policy.costs.spec_overhead.weight < weight
+
+
+def test_steps_measured_cheaper_than_calibrated_stay_so_through_a_plain_stretch():
+    """Speculative steps run 0.2 target calls cheaper than calibrated (a point of the curve
+    measured too dear), then the draft misses for a while and the policy decodes plainly.
+    The plain stretch fades what made speculating dearer than calibrated (a slow spell may
+    have passed), not this: faded, the calibration's error came back, and a draft kept half
+    the time (a loss as calibrated, a win as measured) stayed plain."""
+    unit = LAPTOP.target_call_seconds
+    policy = AdaptiveK(LAPTOP, uses_draft_model=True, max_k=1, probe_every=64)
+    rng = random.Random(4)
+    for _ in range(60):
+        seconds = unit * (policy.modelled_cost(1) - 0.2)
+        policy.observe(1, int(rng.random() < 0.5), 1, False, seconds=seconds)
+    measured = policy.scaled_cost(1)
+    assert measured == pytest.approx(policy.modelled_cost(1) - 0.2, abs=0.02)
+    for _ in range(30):
+        policy.observe(1, 0, 1, False, seconds=unit * measured)
+    assert [policy.choose() for _ in range(20)] == [0] * 20
+    assert policy.scaled_cost(1) == pytest.approx(measured, abs=1e-3)
+    # Kept half the time, as before: a win at what the steps measured, not as calibrated.
+    calibrated = AdaptiveK(LAPTOP, uses_draft_model=True, max_k=1)
+    assert 1.5 / policy.scaled_cost(1) > 1.0 > 1.5 / calibrated.scaled_cost(1)
 
 
 def test_one_slow_step_does_not_switch_speculation_off():
@@ -273,9 +364,9 @@ def test_a_uniformly_faster_machine_is_a_scale_not_an_overhead():
             n += 1
         seconds = 0.7 * unit * policy.modelled_cost(k)
         policy.observe(k, n, k, False, seconds=seconds, draft_seconds=0.7 * k * draft_call)
-    assert policy.draft_scale.value == pytest.approx(0.7, abs=0.02)
-    assert policy.target_scale.value == pytest.approx(0.7, abs=0.025)
-    assert abs(policy.spec_overhead.value) < 0.03
+    assert policy.costs.draft_scale.value == pytest.approx(0.7, abs=0.02)
+    assert policy.costs.target_scale.value == pytest.approx(0.7, abs=0.025)
+    assert abs(policy.costs.spec_overhead.value) < 0.03
     for k in (0, 1, 4, 12):
         assert policy.scaled_cost(k) == pytest.approx(0.7 * policy.modelled_cost(k), rel=0.04)
     # The same acceptance, calibrated costs: the same choice.
@@ -292,8 +383,8 @@ def test_draft_calls_slower_than_calibrated_make_drafting_dearer_not_plain_steps
         draft = 3.0 * 2 * draft_call
         verify = unit * MEMORY_BOUND.verify_cost(3)
         policy.observe(2, 1, 2, False, seconds=draft + verify, draft_seconds=draft)
-    assert policy.draft_scale.value == pytest.approx(3.0, rel=0.1)
-    assert policy.target_scale.value == 1.0 and abs(policy.spec_overhead.value) < 0.05
+    assert policy.costs.draft_scale.value == pytest.approx(3.0, rel=0.1)
+    assert policy.costs.target_scale.value == 1.0 and abs(policy.costs.spec_overhead.value) < 0.05
     assert policy.step_cost(0) == 1.0
 
 
@@ -411,11 +502,11 @@ def test_a_responses_first_step_teaches_no_costs():
     policy.new_response()
     k = policy.choose()
     policy.observe(1, 0, 1, False, 10 * unit, 5 * draft_call, requested=k)
-    assert policy.draft_scale.value == 1.0 and policy.spec_overhead.value == 0.0
+    assert policy.costs.draft_scale.value == 1.0 and policy.costs.spec_overhead.value == 0.0
     assert policy.tracker.steps == 1  # what the draft got right or wrong still counts
     k = policy.choose()
     policy.observe(1, 0, 1, False, 10 * unit, 5 * draft_call, requested=k)
-    assert policy.draft_scale.value > 2 and policy.spec_overhead.value > 0
+    assert policy.costs.draft_scale.value > 2 and policy.costs.spec_overhead.value > 0
 
 
 def test_a_slow_spell_of_the_draft_model_does_not_rule_speculation_out_for_good():
@@ -443,9 +534,9 @@ def test_the_step_that_ends_a_plain_stretch_teaches_no_costs():
     slow = {"seconds": 3 * unit, "draft_seconds": 4 * draft_call}
     policy.observe(0, 0, 0, False, unit)
     policy.observe(1, 1, 1, False, **slow)
-    assert policy.draft_scale.value == 1.0 and policy.spec_overhead.value == 0.0
+    assert policy.costs.draft_scale.value == 1.0 and policy.costs.spec_overhead.value == 0.0
     policy.observe(1, 1, 1, False, **slow)  # the same time, in the middle of speculating
-    assert policy.draft_scale.value > 2.0 and policy.spec_overhead.value > 0.0
+    assert policy.costs.draft_scale.value > 2.0 and policy.costs.spec_overhead.value > 0.0
 
 
 def test_positions_behind_a_confidence_threshold_are_expected_to_pass_it():
