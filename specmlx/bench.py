@@ -174,7 +174,8 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
 def run_row(
     models: Models, row: RowSpec, prompt_ids: list[int], max_tokens: int, sampling: SamplingConfig
 ) -> Measurement:
-    """One generation of one row, from fresh caches, not yet tagged with where it ran."""
+    """One generation of one row, from fresh caches, not yet tagged with where it ran.
+    (Adaptive k starts from the costs earlier rows measured, as a script's calls do.)"""
     mx.clear_cache()
     if row.method == MLX_LM:
         return _run_mlx_lm(models, row, prompt_ids, max_tokens, sampling)

@@ -242,6 +242,33 @@ def test_the_costs_one_response_measured_carry_to_the_next(tiny_dirs, tmp_path, 
         assert other.scaled_cost(2) == other.modelled_cost(2)
 
 
+def test_a_response_decoded_plainly_never_runs_the_draft_model(tiny_dirs, tmp_path, monkeypatch):
+    """Where a k-token call costs k calls no draft can win: `-k auto` decodes plainly from
+    the first step, and the draft model does not even take in the prompt (its prefill
+    cost time to the first token for nothing). The output is the target's own."""
+    import specmlx
+    from specmlx.api import GenerationConfig
+
+    monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps: COMPUTE_BOUND)
+    from specmlx.drafters.draft_model import DraftModelDrafter
+
+    calls = []
+    for name in ("prefill", "propose"):
+        original = getattr(DraftModelDrafter, name)
+
+        def recording(self, *args, _name=name, _original=original):
+            calls.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(DraftModelDrafter, name, recording)
+    models = specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
+    auto = specmlx.generate(models, "hello", GenerationConfig(method="draft", max_tokens=12))
+    assert calls == [] and auto.stats.plain_steps == auto.stats.target_calls
+    plain = specmlx.generate(models, "hello", GenerationConfig(method="none", max_tokens=12))
+    assert auto.token_ids == plain.token_ids
+
+
 def test_unseen_deep_positions_lean_on_the_rate_before_them():
     """Half the drafts miss at once, the rest match to the end: deep positions keep matching."""
     tracker = AcceptanceTracker(decay=0.99)
