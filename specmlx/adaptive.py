@@ -649,8 +649,6 @@ class AdaptiveK:
         for own in self.costs.size_overhead.values():
             if own.value > 0:
                 own.fade(self.cost_fade)
-            else:
-                own.age(self.cost_fade)  # it leans back on the pooled overhead
         return 0
 
     def new_response(self) -> None:
@@ -658,6 +656,7 @@ class AdaptiveK:
         anew after the prefill, a cache that grows), not only for its calls, so its time
         teaches no costs."""
         self._setting_up = True
+        self._probing = 0  # a probe cut off (Ctrl-C in a chat) is not this response's
 
     def goes_on(self, confidences: tuple[float, ...]) -> bool:
         """Whether a draft of these confidences so far should draft one more token: the

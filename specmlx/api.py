@@ -85,6 +85,10 @@ class GenerationResult:
     finish: str | None
 
 
+# Whose measured costs: drafter class, tree size, sampler, calibrated target and draft call.
+CostKey = tuple[str, int | None, SamplingConfig, float, float | None]
+
+
 @dataclass
 class Models:
     """A loaded target, its tokenizer, and an optional draft model."""
@@ -95,7 +99,7 @@ class Models:
     target_path: Path | None = None
     draft_path: Path | None = None
     # What adaptive k measured of each drafter's costs on this machine, for the next response.
-    learned_costs: dict[tuple, LearnedCosts] = field(default_factory=dict, repr=False)
+    learned_costs: dict[CostKey, LearnedCosts] = field(default_factory=dict, repr=False)
 
     @property
     def vocab_size(self) -> int:
@@ -244,11 +248,11 @@ def make_policy(
     profile, _ = load_or_measure(models, with_draft=uses_model)
     tree_size = getattr(drafter, "tree_size", None)
     # The costs earlier responses measured carry over: they are the machine's, not a
-    # response's (sampling adds its own per-step cost, so greedy decoding keeps its own).
-    key = (
+    # response's (each sampler adds its own per-step cost: greedy, top-p, top-k).
+    key: CostKey = (
         type(drafter).__name__,
         tree_size,
-        config.sampling.temperature == 0,
+        config.sampling,
         profile.target_call_seconds,
         profile.draft_call_seconds,
     )

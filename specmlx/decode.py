@@ -117,6 +117,7 @@ def decode(
         if k_step > 0 and not prefilled:
             drafter.prefill(context)
             prefilled = True
+            start = time.perf_counter()  # a prefill, like the target's: not the step's time
         draft = drafter.propose(context, k_step) if k_step > 0 else None
         draft_seconds = None
         if policy is not None and policy.uses_draft_model and draft is not None:
