@@ -21,50 +21,55 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from specmlx.adaptive import AdaptiveK, LearnedCosts
 from specmlx.cache import Sequence
 from specmlx.decode import Step, decode
 from specmlx.drafters.base import Drafter
 from specmlx.errors import SpecmlxError, UsageError
+from specmlx.methods import METHODS, Method, MethodOptions, method
+from specmlx.policy import AdaptiveK, FixedK, LearnedCosts, Policy
 from specmlx.sampling import SamplingConfig
 from specmlx.stats import Stats
-
-METHODS = ("none", "draft", "ngram", "lookahead")
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """How to generate. `method=None` drafts with the draft model when one is loaded."""
+    """How to generate.
+
+    `method=None` drafts with the draft model when one is loaded, else decodes plainly.
+    `options` are the method's own settings (`specmlx.methods`: `NgramOptions(min_n=2)`,
+    `LookaheadOptions(window=7)`, `DraftOptions(p_min=0.5)`); None takes its defaults, and
+    options given without a method name the method they belong to.
+    """
 
     method: str | None = None
+    options: MethodOptions | None = None
     k: int | None = None  # draft length; None chooses it per step (adaptive, `-k auto`)
+    max_k: int = 16  # adaptive k: the longest draft it may choose
     max_tokens: int = 256
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int | None = None
     chat_template: bool = True
-    ngram_min: int = 1  # prompt lookup: shortest suffix to match
-    ngram_max: int = 4  # prompt lookup: longest suffix to match
-    window: int = 5  # lookahead W: Jacobi window columns
-    ngram_size: int = 4  # lookahead N: n-gram length
-    guesses: int = 5  # lookahead G: candidates verified per step
-    p_min: float | None = None  # adaptive k: stop drafting below this; None derives it from costs
-    max_k: int = 16  # adaptive k: the longest draft it may choose
 
     def __post_init__(self) -> None:
-        if self.method is not None and self.method not in METHODS:
-            raise UsageError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.method is not None:
+            method(self.method)  # a known name, or a one-line error
+        if self.options is not None:
+            owner = _owner(self.options)
+            if self.method is not None and owner.name != self.method:
+                raise UsageError(
+                    f"{type(self.options).__name__} are options of --method {owner.name}, "
+                    f"not of --method {self.method}"
+                )
         if self.k is not None and self.k < 1:
             raise UsageError(f"k must be at least 1 (or auto), got {self.k}")
+        if self.max_k < 1:
+            raise UsageError(f"max-k must be at least 1, got {self.max_k}")
         if self.max_tokens < 1:
             raise UsageError(f"max-tokens must be at least 1, got {self.max_tokens}")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise UsageError(
-                f"need 1 <= ngram-min <= ngram-max, got {self.ngram_min} and {self.ngram_max}"
-            )
-        if self.p_min is not None and not 0 <= self.p_min <= 1:
-            raise UsageError(f"p_min must be between 0 and 1, got {self.p_min}")
-        if self.window < 1 or self.ngram_size < 2 or self.guesses < 0:
-            raise UsageError("lookahead needs window >= 1, ngram-size >= 2 and guesses >= 0")
+
+
+def _owner(options: MethodOptions) -> Method:
+    return next(m for m in METHODS.values() if isinstance(options, m.options))
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class GenerationResult:
     finish: str | None
 
 
-# Whose measured costs: drafter class, tree size, sampler, calibrated target and draft call.
+# Whose measured costs: drafter kind, tree size, sampler, calibrated target and draft call.
 CostKey = tuple[str, int | None, SamplingConfig, float, float | None]
 
 
@@ -198,74 +203,64 @@ def encode_prompt(
     return ids
 
 
-def method_of(models: Models, config: GenerationConfig) -> str:
-    """The method a config asks for: by default, draft when a draft model is loaded."""
-    return config.method or ("draft" if models.draft is not None else "none")
+def method_of(models: Models, config: GenerationConfig) -> Method:
+    """The method a config asks for: named, implied by its options, or by default the draft
+    model when one is loaded."""
+    if config.method is not None:
+        return METHODS[config.method]
+    if config.options is not None:
+        return _owner(config.options)
+    return METHODS["draft" if models.draft is not None else "none"]
 
 
-def method_settings(config: GenerationConfig, method: str) -> dict[str, Any]:
-    """The settings that shape a method's drafts, for reports: k, and W/N/G or n-gram sizes."""
-    settings: dict[str, Any] = {"k": "auto" if config.k is None else config.k}
-    if method == "none":
+def options_of(models: Models, config: GenerationConfig) -> MethodOptions:
+    """The options the method runs with: the config's, or the method's defaults."""
+    return config.options if config.options is not None else method_of(models, config).options()
+
+
+def method_settings(models: Models, config: GenerationConfig) -> dict[str, Any]:
+    """What shapes a method's drafts, for reports: k, and the method's options."""
+    used = method_of(models, config)
+    if used.name == "none":
         return {}
-    if method == "ngram":
-        settings.update(ngram_min=config.ngram_min, ngram_max=config.ngram_max)
-    if method == "lookahead":
-        settings.update(W=config.window, N=config.ngram_size, G=config.guesses)
-    return settings
+    settings: dict[str, Any] = {"k": "auto" if config.k is None else config.k}
+    settings.update(used.settings(options_of(models, config)))
+    return {key: value for key, value in settings.items() if value is not None}
 
 
 def make_drafter(models: Models, config: GenerationConfig) -> Drafter | None:
     """The drafter the config asks for, or None for plain decoding."""
-    method = method_of(models, config)
-    if method == "none":
-        return None
-    if method == "ngram":
-        from specmlx.drafters.ngram import NgramDrafter
-
-        return NgramDrafter(config.ngram_min, config.ngram_max)
-    if method == "lookahead":
-        from specmlx.drafters.lookahead import LookaheadDrafter
-
-        return LookaheadDrafter(config.window, config.ngram_size, config.guesses)
-    if models.draft is None:
-        raise UsageError("--method draft needs a draft model (--draft)")
-    from specmlx.drafters.draft_model import DraftModelDrafter
-
-    return DraftModelDrafter(models.draft, config.sampling, models.vocab_size)
+    return method_of(models, config).build(models, options_of(models, config), config.sampling)
 
 
-def make_policy(
-    models: Models, config: GenerationConfig, drafter: Drafter | None
-) -> AdaptiveK | None:
-    """The adaptive-k policy when k is auto, from this combination's calibrated costs."""
-    if config.k is not None or drafter is None:
-        return None
-    from specmlx.adaptive import PRIOR_RATE, AcceptanceTracker
+def make_policy(models: Models, config: GenerationConfig, drafter: Drafter | None) -> Policy:
+    """The policy that sets each step's draft length: fixed k, or adaptive from this
+    combination's calibrated costs (measured once per device, then read from the cache)."""
+    options = options_of(models, config)
+    p_min = getattr(options, "p_min", None)
+    if drafter is None:
+        return FixedK(0)
+    if config.k is not None:
+        return FixedK(config.k, p_min)
     from specmlx.calibration import load_or_measure
 
-    uses_model = getattr(drafter, "draft_model", None) is not None
-    profile, _ = load_or_measure(models, with_draft=uses_model)
-    tree_size = getattr(drafter, "tree_size", None)
+    traits = drafter.traits
+    profile, _ = load_or_measure(models, with_draft=traits.uses_model)
     # The costs earlier responses measured carry over: they are the machine's, not a
     # response's (each sampler adds its own per-step cost: greedy, top-p, top-k).
     key: CostKey = (
-        type(drafter).__name__,
-        tree_size,
+        traits.kind,
+        traits.tree_size,
         config.sampling,
         profile.target_call_seconds,
         profile.draft_call_seconds,
     )
-    # A tree drafter's calls cost its tree size from the first step on.
     return AdaptiveK(
         profile,
-        uses_model,
+        traits,
+        learned=models.learned_costs.setdefault(key, LearnedCosts()),
         max_k=config.max_k,
-        tracker=AcceptanceTracker(prior_rate=getattr(drafter, "prior_acceptance", PRIOR_RATE)),
-        tree_size=tree_size,
-        fixed_p_min=config.p_min,
-        drafter_cuts=hasattr(drafter, "goes_on"),
-        costs=models.learned_costs.setdefault(key, LearnedCosts()),
+        p_min=p_min,
     )
 
 
@@ -275,12 +270,10 @@ def stream_ids(
     drafter: Drafter | None,
     prompt_ids: list[int],
     config: GenerationConfig,
-    policy: AdaptiveK | None = None,
+    policy: Policy,
 ) -> Iterator[GenerationEvent]:
-    """Stream the continuation of `prompt_ids` through the given target sequence.
-
-    With k auto, pass the `policy` (from `make_policy`); it keeps learning across calls.
-    """
+    """Stream the continuation of `prompt_ids` through the given target sequence, with the
+    `policy` from `make_policy` (an adaptive one keeps learning across calls)."""
     if config.seed is not None:
         mx.random.seed(config.seed)
     mx.reset_peak_memory()
@@ -293,11 +286,10 @@ def stream_ids(
         target,
         prompt_ids,
         drafter,
-        k=config.k or 0,
+        policy=policy,
         max_tokens=config.max_tokens,
         sampling=config.sampling,
         stop_tokens=stop,
-        policy=policy,
     ):
         stats = stats.add(step, time.perf_counter() - start)
         for token in step.tokens:

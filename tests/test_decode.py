@@ -9,6 +9,7 @@ import pytest
 from specmlx.cache import Sequence
 from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
+from specmlx.policy import AdaptiveK, FixedK
 from specmlx.sampling import SamplingConfig
 
 PROMPTS = [
@@ -38,10 +39,11 @@ PROMPTS = [
 GREEDY = SamplingConfig()
 
 
-def run(target, tokenizer, prompt, drafter, k, max_tokens=24, sampling=GREEDY):
+def run(target, tokenizer, prompt, drafter, k, max_tokens=24, sampling=GREEDY, p_min=None):
     ids = tokenizer.encode(prompt)
+    policy = FixedK(k, p_min)
     steps = list(
-        decode(Sequence(target), ids, drafter, k=k, max_tokens=max_tokens, sampling=sampling)
+        decode(Sequence(target), ids, drafter, policy=policy, max_tokens=max_tokens, sampling=sampling)
     )
     return [t for s in steps for t in s.tokens], steps
 
@@ -99,7 +101,9 @@ def test_stop_token_ends_generation_and_max_tokens_is_exact(llama):
     ids = tokenizer.encode(PROMPTS[0])
     plain = [
         t
-        for s in decode(Sequence(target), ids, None, k=0, max_tokens=30, sampling=GREEDY)
+        for s in decode(
+            Sequence(target), ids, None, policy=FixedK(0), max_tokens=30, sampling=GREEDY
+        )
         for t in s.tokens
     ]
     stop = plain[7]
@@ -109,7 +113,7 @@ def test_stop_token_ends_generation_and_max_tokens_is_exact(llama):
             Sequence(target),
             ids,
             DraftModelDrafter(target, GREEDY, 320),
-            k=4,
+            policy=FixedK(4),
             max_tokens=30,
             sampling=GREEDY,
             stop_tokens=frozenset([stop]),
@@ -143,7 +147,6 @@ def test_sampled_speculation_is_reproducible_with_a_seed(llama):
 
 
 def test_adaptive_k_keeps_greedy_output(llama):
-    from specmlx.adaptive import AdaptiveK
     from specmlx.costs import CostProfile
 
     target, tokenizer, draft = llama
@@ -154,37 +157,42 @@ def test_adaptive_k_keeps_greedy_output(llama):
     for prompt in PROMPTS[:8]:
         ids = tokenizer.encode(prompt)
         plain, _ = run(target, tokenizer, prompt, None, 0)
-        for drafter in (
-            DraftModelDrafter(draft, GREEDY, 320, p_min=0.3),
-            DraftModelDrafter(target, GREEDY, 320, p_min=0.3),
-        ):
-            policy = AdaptiveK(profile, uses_draft_model=True, drafter_cuts=True)
+        for model in (draft, target):
+            drafter = DraftModelDrafter(model, GREEDY, 320)
+            policy = AdaptiveK(profile, drafter.traits)
             steps = list(
                 decode(
-                    Sequence(target),
-                    ids,
-                    drafter,
-                    k=0,
-                    max_tokens=24,
-                    sampling=GREEDY,
-                    policy=policy,
+                    Sequence(target), ids, drafter, policy=policy, max_tokens=24, sampling=GREEDY
                 )
             )
             assert [t for s in steps for t in s.tokens] == plain
-            # The policy decided where each draft ended, from the confidences it reported.
+            # The policy decided where each draft ended, from the confidences reported.
             assert any(s.n_drafted for s in steps)
-            assert drafter.goes_on == policy.goes_on
-            assert sum(policy.calibration.seen) > 0
+            assert sum(b.evidence for b in policy.confidence.kept) > 0
 
 
 def test_p_min_stops_drafting_early_and_keeps_output(llama):
     target, tokenizer, _ = llama
     ids = tokenizer.encode(PROMPTS[1])
     plain, _ = run(target, tokenizer, PROMPTS[1], None, 0)
-    confident = DraftModelDrafter(target, GREEDY, 320, p_min=0.0)
-    timid = DraftModelDrafter(target, GREEDY, 320, p_min=0.999)
-    _, full = run(target, tokenizer, PROMPTS[1], confident, 6)
-    out, short = run(target, tokenizer, PROMPTS[1], timid, 6)
+    drafter = DraftModelDrafter(target, GREEDY, 320)
+    _, full = run(target, tokenizer, PROMPTS[1], drafter, 6, p_min=0.0)
+    out, short = run(target, tokenizer, PROMPTS[1], drafter, 6, p_min=0.999)
     assert out == plain and ids
     assert sum(s.n_drafted for s in short) < sum(s.n_drafted for s in full)
     assert all(s.n_drafted >= 1 for s in short[:-1])  # at least one token per step
+
+
+def test_p_min_works_at_a_fixed_k_through_the_api(tiny_dirs):
+    from specmlx.api import GenerationConfig, generate, load
+    from specmlx.methods import DraftOptions
+
+    models = load(str(tiny_dirs["llama"]), str(tiny_dirs["llama"]), progress=False)
+    prompt = PROMPTS[1]
+    plain = generate(models, prompt, GenerationConfig(method="none", max_tokens=24))
+    full = generate(models, prompt, GenerationConfig(k=6, max_tokens=24))
+    timid = generate(
+        models, prompt, GenerationConfig(k=6, max_tokens=24, options=DraftOptions(p_min=0.999))
+    )
+    assert full.token_ids == timid.token_ids == plain.token_ids
+    assert timid.stats.drafted < full.stats.drafted

@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 from specmlx import verify
 from specmlx.cache import Sequence
 from specmlx.decode import decode
+from specmlx.policy import FixedK
 from specmlx.drafters.draft_model import DraftModelDrafter
 from specmlx.drafters.lookahead import LookaheadDrafter
 from specmlx.drafters.ngram import NgramDrafter
@@ -80,7 +81,9 @@ def sample_pairs(target, drafter, ids, sampling, k, max_tokens):
     pairs = []
     for _ in range(RUNS):
         out = []
-        for step in decode(sequence, ids, drafter, k=k, max_tokens=max_tokens, sampling=sampling):
+        for step in decode(
+            sequence, ids, drafter, policy=FixedK(k), max_tokens=max_tokens, sampling=sampling
+        ):
             out.extend(step.tokens)
         pairs.append((out[0], out[1]))
     return pairs

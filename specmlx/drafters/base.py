@@ -1,18 +1,37 @@
-"""The drafter protocol: propose, then learn what the target kept.
+"""The drafter protocol: say what you are, propose, then learn what the target kept.
 
 A drafter owns whatever state it needs (a draft model's cache, an n-gram index) and rewinds
-it itself in `commit`. It never decodes on its own account: the loop asks for k tokens,
-verifies them in one target call and reports how many survived.
+it itself in `commit`. It never decodes on its own account: the loop asks for up to k
+tokens, verifies them in one target call and reports what survived. What the policy needs
+to know about a drafter (does it run a model, does it propose trees, does it report its
+confidence) it declares in `traits`; nobody probes it with hasattr.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
 
 from specmlx.tree import Tree
+
+# Given the drafter's own probabilities of the tokens drafted so far: draft one more?
+StopRule = Callable[[tuple[float, ...]], bool]
+
+
+@dataclass(frozen=True)
+class DrafterTraits:
+    """What a drafting strategy is, as the policy prices it."""
+
+    kind: str  # the name its measured costs are kept under ("draft", "ngram", ...)
+    uses_model: bool = False  # runs a model once per drafted token: each costs c
+    tree_size: int | None = None  # a tree drafter: tokens every proposal puts in one call
+    # The chance its first drafted token is kept, before any evidence.
+    prior_acceptance: float = 0.5
+    # Its drafts carry `confidences` and it honours a stop rule passed to `propose`.
+    reports_confidence: bool = False
 
 
 @dataclass(frozen=True)
@@ -25,10 +44,10 @@ class Draft:
     deterministic.
     """
 
-    tokens: mx.array  # (k,) uint32
-    probs: mx.array | None = None  # (k, vocab) warped draft distributions
+    tokens: mx.array  # (n,) uint32
+    probs: mx.array | None = None  # (n, vocab) warped draft distributions
     tree: Tree | None = None
-    # The drafter's own probability of each token it drafted, where it computed them.
+    # The drafter's own probability of each token it drafted, where it reports them.
     confidences: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -37,6 +56,11 @@ class Draft:
     @property
     def size(self) -> int:
         return self.tokens.shape[0]
+
+    @property
+    def depth(self) -> int:
+        """The longest path it offers: its length, or its tree's depth."""
+        return self.size if self.tree is None else max(self.tree.depths)
 
 
 @dataclass(frozen=True)
@@ -53,22 +77,19 @@ class Verdict:
 
 
 class Drafter(Protocol):
-    """What the verify loop needs from a drafting strategy.
+    """What the verify loop needs from a drafting strategy."""
 
-    Adaptive k also reads three optional attributes: `draft_model`, the model a drafter runs
-    once per drafted token (its calls enter the cost model); `tree_size`, the most tokens a
-    tree drafter's proposal puts in one target call; and `prior_acceptance`, how often its
-    first drafted token is kept before there is any evidence (default
-    `specmlx.adaptive.PRIOR_RATE`). It sets a fourth before each proposal, where a drafter
-    has it: `goes_on`, a rule that takes the drafter's own probabilities of the tokens
-    drafted so far and says whether to draft one more.
-    """
+    traits: DrafterTraits
 
     def prefill(self, context: list[int]) -> None:
         """Take in the context; its last token is the input of the next `propose`."""
 
-    def propose(self, context: list[int], k: int) -> Draft:
-        """Up to k tokens to follow `context` (which ends with the last accepted token)."""
+    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
+        """Up to k tokens to follow `context` (which ends with the last accepted token).
+
+        A drafter that reports confidence ends the draft after a token where `stop` says
+        not to go on (that token is still proposed: its call is spent already).
+        """
 
     def commit(self, verdict: Verdict) -> None:
         """What the target kept of the last proposal; rewind whatever was not kept."""

@@ -8,36 +8,26 @@ never consumed it), then drafts one token per call.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import mlx.core as mx
 import mlx.nn as nn
 
 from specmlx.cache import Sequence
-from specmlx.drafters.base import Draft, Verdict
+from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.sampling import SamplingConfig, sample
 
 
 class DraftModelDrafter:
     """Draft with a small model, sampling exactly as the target is sampled."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        sampling: SamplingConfig,
-        vocab_size: int,
-        p_min: float = 0.0,
-    ):
+    # A draft model of the target's family agrees with it on most tokens: Leviathan et al.
+    # (2023) report acceptance rates of 0.5-0.9 for such pairs; the policy starts in between.
+    traits = DrafterTraits(
+        "draft", uses_model=True, prior_acceptance=0.7, reports_confidence=True
+    )
+
+    def __init__(self, model: nn.Module, sampling: SamplingConfig, vocab_size: int):
         self.sequence = Sequence(model)
-        self.draft_model = model  # its calls enter the cost model of adaptive k
         self.sampling = sampling
-        # Stop drafting after a token whose own probability is below p_min (as llama.cpp's
-        # p_min, which drops that token); 0 drafts all k. Checking costs a host sync per
-        # token.
-        self.p_min = p_min
-        # Or a rule that sees the confidences of the draft so far and says whether to draft
-        # one more token (adaptive k sets `AdaptiveK.goes_on`).
-        self.goes_on: Callable[[tuple[float, ...]], bool] | None = None
         # Target vocab: draft logits are padded or cut to it before sampling, so that
         # verification compares the two models over one index space, and the draft samples
         # from exactly the distribution it reports.
@@ -47,7 +37,10 @@ class DraftModelDrafter:
     def prefill(self, context: list[int]) -> None:
         self.sequence.sync(context)
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
+        """Draft k tokens, each call queued before the host waits for the one before it.
+        With a stop rule the host reads each token's confidence (one sync per token) and
+        ends the draft where the rule says; without one, nothing syncs here."""
         self._fed = context[len(self.sequence.tokens) :]
         inputs = mx.array(self._fed, mx.uint32)
         tokens, probs, confidences = [], [], []
@@ -57,13 +50,11 @@ class DraftModelDrafter:
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)
-            if self.p_min > 0 or self.goes_on is not None:
+            if stop is not None:
                 confidences.append(self._confidence(logits, token, token_probs))
                 # An unsure token ends the draft, but is verified with it: its call is spent
                 # already, and one more verified token costs little.
-                if confidences[-1] < self.p_min or (
-                    self.goes_on is not None and not self.goes_on(tuple(confidences))
-                ):
+                if not stop(tuple(confidences)):
                     break
             if i < k - 1:
                 inputs = token[None]

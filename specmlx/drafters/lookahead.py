@@ -18,20 +18,18 @@ from collections import OrderedDict
 
 import mlx.core as mx
 
-from specmlx.drafters.base import Draft, Verdict
+from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.tree import TreeBuilder
 
 
 class LookaheadDrafter:
     """Lookahead decoding with window W, n-gram size N and at most G candidates."""
 
-    # Its pool starts empty and its Jacobi guesses start as random context tokens: over a
-    # response's first 48-64 tokens the target keeps ~0.27 of its first drafted tokens
-    # (Leviathan's alpha fitted to `specmlx bench` rows at k = 4: 0.26-0.29 on SmolLM2-135M
-    # and Qwen2.5-Coder-1.5B, extraction and code). Adaptive k starts from that, not from
-    # the rate a draft model starts with, so where the tree costs more than a plain call it
-    # starts plain and probes.
-    prior_acceptance = 0.3
+    # Its pool starts empty and its first Jacobi guesses are random context tokens, so its
+    # first proposals are seldom kept: the policy starts from a low prior, and where its tree
+    # costs more than a plain call it starts plain and probes rather than paying tree steps
+    # to learn that.
+    PRIOR_ACCEPTANCE = 0.3
 
     def __init__(self, window: int = 5, ngram: int = 4, guesses: int = 5, seed: int = 0):
         if window < 1 or ngram < 2 or guesses < 0:
@@ -41,6 +39,9 @@ class LookaheadDrafter:
         self.levels: list[list[int]] = []  # (N-1) x W guessed tokens; levels[0][0] = last
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
         self._last_level_nodes: list[int] = []
+        self.traits = DrafterTraits(
+            "lookahead", tree_size=self.tree_size, prior_acceptance=self.PRIOR_ACCEPTANCE
+        )
 
     @property
     def tree_size(self) -> int:
@@ -56,7 +57,7 @@ class LookaheadDrafter:
             for _ in range(self.ngram - 1)
         ]
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
         last = context[-1]
         self.levels[0][0] = last
         builder = TreeBuilder()

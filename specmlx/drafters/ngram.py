@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specmlx.drafters.base import Draft, Verdict
+from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
 
 
 class NgramIndex:
@@ -43,6 +43,9 @@ class NgramIndex:
 class NgramDrafter:
     """Drafts by prompt lookup over the prompt and everything generated."""
 
+    # No evidence either way before the first lookup: the midpoint.
+    traits = DrafterTraits("ngram", prior_acceptance=0.5)
+
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.min_n, self.max_n = min_n, max_n
         self.index = NgramIndex(min_n, max_n)
@@ -52,7 +55,7 @@ class NgramDrafter:
             self.index = NgramIndex(self.min_n, self.max_n)
         self.index.extend(context[len(self.index.tokens) :])
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
         self.index.extend(context[len(self.index.tokens) :])
         return Draft(mx.array(self.index.lookup(k), mx.uint32))
 

@@ -1,0 +1,239 @@
+"""The policies as properties: adaptive k speculates where it pays, falls back where it loses,
+comes back when drafts are kept again, and is not thrown by noisy costs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specmlx.costs import CostProfile
+from specmlx.drafters.base import DrafterTraits
+from specmlx.policy import AdaptiveK, FixedK, LearnedCosts, Outcome
+from specmlx.policy.estimators import AcceptanceRates, Decaying, expectations
+
+UNIT = 0.5  # seconds of a calibrated one-token target call
+DRAFT = DrafterTraits("draft", uses_model=True, prior_acceptance=0.7, reports_confidence=True)
+NGRAM = DrafterTraits("ngram", prior_acceptance=0.5)
+TREE = DrafterTraits("lookahead", tree_size=30, prior_acceptance=0.3)
+
+
+def memory_bound(c: float = 0.35) -> CostProfile:
+    """A k-token call costs little more than a one-token call (Apple GPUs, OpenBLAS)."""
+    return CostProfile(UNIT, UNIT * c, {n: 1.0 + 0.03 * (n - 1) for n in range(1, 17)})
+
+
+def compute_bound(c: float = 0.35) -> CostProfile:
+    """A k-token call costs k one-token calls (a reference BLAS on one core)."""
+    return CostProfile(UNIT, UNIT * c, {n: float(n) for n in range(1, 17)})
+
+
+def noisy(profile: CostProfile, rng: random.Random, spread: float = 0.15) -> CostProfile:
+    """The same costs as a second calibration might measure them: each point off by ±spread."""
+    v = {n: (1.0 if n == 1 else r * rng.uniform(1 - spread, 1 + spread)) for n, r in profile.v.items()}
+    draft = profile.draft_call_seconds * rng.uniform(1 - spread, 1 + spread)
+    return CostProfile(profile.target_call_seconds, draft, v)
+
+
+def simulate(
+    policy,
+    traits: DrafterTraits,
+    truth: CostProfile,
+    kept,
+    steps: int,
+    rng: random.Random,
+    noise: float = 0.0,
+    slow=lambda step: 1.0,
+):
+    """Run the policy against a machine whose real costs are `truth` and whose drafts are
+    kept with chance `kept(step)` per token; each step's time is off by up to ±noise.
+    Returns the plans' k per step."""
+    ks = []
+    policy.start()
+    for step in range(steps):
+        plan = policy.choose()
+        ks.append(plan.k)
+        factor = slow(step) * rng.uniform(1 - noise, 1 + noise)
+        if plan.k == 0:
+            policy.observe(Outcome(0, 0, 0, 0, truth.target_call_seconds * factor))
+            continue
+        rate = kept(step)
+        confidences: list[float] = []
+        drafted = 0
+        while drafted < plan.k:
+            drafted += 1
+            if plan.stop is not None:
+                confidences.append(0.99 if rate > 0.5 else 0.2)
+                if not plan.stop(tuple(confidences)):
+                    break
+        accepted = 0
+        while accepted < drafted and rng.random() < rate:
+            accepted += 1
+        c = truth.c if traits.uses_model else 0.0
+        verified = traits.tree_size or drafted + 1
+        calls = drafted * c + truth.verify_cost(verified)
+        draft_seconds = drafted * c * UNIT * factor if traits.uses_model else None
+        policy.observe(
+            Outcome(
+                requested=plan.k,
+                drafted=verified - 1,
+                depth=drafted,
+                accepted=accepted,
+                seconds=calls * UNIT * factor,
+                draft_seconds=draft_seconds if plan.time_draft else None,
+                confidences=tuple(confidences) or None,
+                tree=traits.tree_size is not None,
+            )
+        )
+    return ks
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_keeps_speculating_while_drafts_are_kept_despite_noisy_calibration(seed):
+    rng = random.Random(seed)
+    truth = memory_bound()
+    policy = AdaptiveK(noisy(truth, rng), DRAFT)
+    ks = simulate(policy, DRAFT, truth, lambda s: 1.0, 60, rng, noise=0.15)
+    assert all(k > 0 for k in ks), ks
+
+
+@pytest.mark.parametrize("traits", [DRAFT, NGRAM])
+def test_a_slow_spell_does_not_send_it_plain_while_drafts_are_kept(traits):
+    rng = random.Random(1)
+    truth = memory_bound()
+    policy = AdaptiveK(truth, traits)
+    # Everything runs twice as slow for 20 steps, as when another process takes the cores.
+    ks = simulate(policy, traits, truth, lambda s: 0.95, 80, rng, slow=lambda s: 2.0 if 20 <= s < 40 else 1.0)
+    assert sum(k == 0 for k in ks) <= 2, ks
+
+
+@pytest.mark.parametrize("traits", [DRAFT, NGRAM])
+def test_falls_back_where_every_step_is_predicted_to_lose(traits):
+    """A k-token call costing k calls: speculation loses whatever is kept, so it never
+    speculates, not even to probe."""
+    rng = random.Random(2)
+    truth = compute_bound()
+    policy = AdaptiveK(truth, traits)
+    assert not policy.could_win()
+    ks = simulate(policy, traits, truth, lambda s: 0.9, 100, rng, noise=0.1)
+    assert ks == [0] * 100
+
+
+def test_falls_back_when_drafts_are_rejected_and_probes_ever_less_often():
+    rng = random.Random(3)
+    truth = memory_bound()
+    policy = AdaptiveK(truth, DRAFT)
+    ks = simulate(policy, DRAFT, truth, lambda s: 0.0, 300, rng)
+    assert sum(k > 0 for k in ks[:10]) <= 6  # a few tries while evidence is thin
+    assert ks[10:20].count(0) >= 5
+    assert ks[-50:].count(0) >= 48
+    probes = [i for i, k in enumerate(ks) if k > 0 and i > 20]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
+
+
+@pytest.mark.parametrize("traits", [DRAFT, NGRAM])
+def test_comes_back_after_a_fall_back_once_drafts_are_kept_again(traits):
+    rng = random.Random(4)
+    # Verifying costs enough that a draft nobody keeps loses (for a free drafter, a missed
+    # one-token draft costs only what one more verified token does).
+    truth = CostProfile(UNIT, UNIT * 0.35, {n: 1.0 + 0.1 * (n - 1) for n in range(1, 17)})
+    policy = AdaptiveK(truth, traits)
+    ks = simulate(policy, traits, truth, lambda s: 0.0 if s < 40 else 1.0, 160, rng)
+    assert ks[30:40].count(0) >= 8  # fell back
+    assert all(k > 0 for k in ks[-40:])  # and came back for good
+
+
+def test_a_tree_dearer_than_a_plain_call_starts_plain_and_probes():
+    rng = random.Random(5)
+    truth = CostProfile(UNIT, None, {n: 1.0 + 0.05 * (n - 1) for n in range(1, 17)})
+    policy = AdaptiveK(truth, TREE)
+    ks = simulate(policy, TREE, truth, lambda s: 0.9, 100, rng)
+    assert ks[0] == 0
+    assert any(k > 0 for k in ks)  # a probe found the drafts kept
+    assert all(k > 0 for k in ks[-20:])
+
+
+def test_measured_costs_carry_to_the_next_response():
+    rng = random.Random(6)
+    truth = memory_bound()
+    learned = LearnedCosts()
+    first = AdaptiveK(truth, DRAFT, learned=learned)
+    simulate(first, DRAFT, truth, lambda s: 0.8, 30, rng, slow=lambda s: 1.5)
+    second = AdaptiveK(truth, DRAFT, learned=learned)
+    assert second.pricing.speed == pytest.approx(first.pricing.speed)
+    assert 1.3 < second.pricing.speed < 1.6
+
+
+def test_a_responses_first_step_teaches_no_costs():
+    truth = memory_bound()
+    policy = AdaptiveK(truth, NGRAM)
+    policy.start()
+    policy.choose()
+    policy.observe(Outcome(0, 0, 0, 0, 100 * UNIT))  # setting up: a hundred calls' time
+    assert policy.pricing.speed == 1.0
+
+
+def test_the_stop_rule_stops_sooner_on_doubt():
+    rng = random.Random(7)
+    truth = memory_bound()
+    policy = AdaptiveK(truth, DRAFT)
+    simulate(policy, DRAFT, truth, lambda s: 0.9, 20, rng)
+    plan = policy.choose()
+    assert plan.k == policy.max_k and plan.stop is not None and plan.time_draft
+
+    def length(confidence: float) -> int:
+        n = 1
+        while n < plan.k and plan.stop((confidence,) * n):
+            n += 1
+        return n
+
+    lengths = [length(q) for q in (0.05, 0.3, 0.6, 0.9, 0.999)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+
+
+def test_fixed_k_plans_k_and_cuts_on_p_min():
+    assert FixedK(4).choose().k == 4 and FixedK(4).choose().stop is None
+    plan = FixedK(4, p_min=0.5).choose()
+    assert plan.stop((0.9, 0.6)) and not plan.stop((0.9, 0.4))
+
+
+def test_expectations_match_leviathans_closed_form():
+    alpha = 0.7
+    tokens, drafted = expectations([(1.0, alpha)] * 8)
+    for k in range(9):
+        assert tokens[k] == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+        assert drafted[k] == pytest.approx(k)
+
+
+def test_expectations_count_only_what_is_drafted():
+    tokens, drafted = expectations([(1.0, 1.0), (0.5, 1.0), (0.5, 1.0)])
+    assert drafted == pytest.approx([0, 1, 1.5, 1.75])
+    assert tokens == pytest.approx([1, 2, 2.5, 2.75])
+
+
+def test_acceptance_is_split_after_a_miss():
+    rates = AcceptanceRates(prior=0.5)
+    for _ in range(30):
+        rates.observe(requested=4, depth=4, accepted=4)  # on track: all kept
+        rates.observe(requested=4, depth=4, accepted=0)  # after it... none
+        rates.observe(requested=4, depth=4, accepted=1)  # after a miss: one kept, then miss
+    after_miss = rates.curve(1)[0][1]
+    rates.plain_step()  # a plain step puts the context back on track
+    on_track = rates.curve(1)[0][1]
+    assert on_track < after_miss or on_track != after_miss
+    assert 0 < min(on_track, after_miss) and max(on_track, after_miss) < 1
+
+
+def test_decaying_leans_on_its_prior_then_on_evidence():
+    estimate = Decaying(decay=0.97, prior_weight=4)
+    assert estimate.mean(prior=0.3) == pytest.approx(0.3)
+    for _ in range(100):
+        estimate.observe(1.0)
+    assert estimate.mean(prior=0.3) > 0.85
+    seeded = Decaying.seeded(0.0, weight=4, decay=0.9)
+    for _ in range(100):
+        seeded.observe(2.0)
+    assert seeded.mean() == pytest.approx(2.0, rel=1e-3)  # a seed ages away entirely
+    seeded.fade(0.5, toward=0.0)
+    assert seeded.mean() == pytest.approx(1.0, rel=1e-3)
