@@ -29,8 +29,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from specmlx.errors import SpecmlxError
-from specmlx.tree import PositionedRoPE, Tree, positioned_ropes
+from specmlx.tree import Tree, tree_call
 
 PREFILL_STEP = 512
 
@@ -41,8 +40,8 @@ class SpecKVCache(KVCache):
     The window is applied through the mask, so the cache keeps its whole history and can
     always be trimmed; it gives the same attention as RotatingKVCache(max_size=window,
     keep=keep): each query sees the first `keep` tokens and the last `window - keep` up to
-    itself. While `tree_mask` is set, the new tokens attend to the prefix and to their
-    ancestors only, at the positions of their depths.
+    itself. While `tree_mask` is set (by `specmlx.tree.tree_call`, for one call), the new
+    tokens attend to the prefix and to their ancestors only, at the positions of their depths.
     """
 
     def __init__(self, window: int | None = None, keep: int = 0):
@@ -120,7 +119,6 @@ class Sequence:
         self.trimmable = all(c.is_trimmable() for c in self.cache)
         self._checkpoint: list[Any] | None = None
         self._busy = False  # a call that changes the cache is under way
-        self._ropes: list[PositionedRoPE] | None = None  # wrapped on the first tree call
 
     @property
     def offset(self) -> int:
@@ -192,25 +190,8 @@ class Sequence:
         return self.model(inputs[None], cache=self.cache)[0]
 
     def _forward_tree(self, inputs: mx.array, tree: Tree) -> mx.array:
-        if not all(isinstance(c, SpecKVCache) for c in self.cache):
-            kinds = sorted({type(c).__name__ for c in self.cache})
-            raise SpecmlxError(
-                f"tree drafting needs attention KV caches; this model uses {', '.join(kinds)}"
-            )
-        if self._ropes is None:
-            self._ropes = positioned_ropes(self.model)
-        mask, depths = tree.ancestor_mask(), mx.array(tree.depths)
-        for c in self.cache:
-            c.tree_mask, c.tree_depths = mask, depths
-        for rope in self._ropes:
-            rope.depths = depths
-        try:
+        with tree_call(self.model, self.cache, tree):
             return self.forward(inputs)
-        finally:
-            for c in self.cache:
-                c.tree_mask = c.tree_depths = None
-            for rope in self._ropes:
-                rope.depths = None
 
     def settle(self, kept: list[int], path: list[int] | None = None) -> None:
         """Confirm `kept` and drop the other unconfirmed tokens.

@@ -14,7 +14,7 @@ from specmlx.api import (
     stream_ids,
 )
 from specmlx.cache import Sequence
-from specmlx.stats import Stats, merge
+from specmlx.stats import Stats
 
 
 class ChatSession:
@@ -28,7 +28,7 @@ class ChatSession:
         self.drafter = make_drafter(models, config)
         self.policy = make_policy(models, config, self.drafter)
         self.last_stats: Stats | None = None
-        self.total = Stats()
+        self.total = Stats(responses=0)  # no turns yet
 
     def reset(self) -> None:
         """Forget the conversation (the caches keep what the next turn can reuse)."""
@@ -39,14 +39,15 @@ class ChatSession:
         self.messages.append({"role": "user", "content": text})
         prompt_ids = encode_prompt(self.models, self.messages, True)
         reply: list[str] = []
+        turn: Stats | None = None  # this turn's; last_stats may still be the previous turn's
         try:
             for event in stream_ids(
                 self.models, self.target, self.drafter, prompt_ids, self.config, self.policy
             ):
                 reply.append(event.text)
-                self.last_stats = event.stats
+                self.last_stats = turn = event.stats
                 yield event
         finally:
             self.messages.append({"role": "assistant", "content": "".join(reply)})
-            if self.last_stats is not None:
-                self.total = merge(self.total, self.last_stats)
+            if turn is not None:
+                self.total = self.total.merge(turn)

@@ -14,7 +14,6 @@ measurement; adaptive k picks the γ it says is best).
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -82,8 +81,8 @@ class CostProfile:
 
         Past the measured range (a 30-token Lookahead tree, say) the line goes on from the
         last point with the slope over the upper half of the range, never downward: the last
-        two points alone can slope down by noise (on this CPU v(12) = 1.69, v(16) = 1.54),
-        which would make a 30-token call cheaper than a 16-token one.
+        two points alone can slope down by noise, which would make a 30-token call cheaper
+        than a 16-token one.
         """
         if n_tokens in self.v:
             return self.v[n_tokens]
@@ -107,15 +106,6 @@ class CostProfile:
         """Predicted speedup of drafting γ tokens per step at acceptance rate α."""
         c = self.c if uses_draft_model else 0.0
         return predicted_speedup(alpha, gamma, c, self.verify_cost(gamma + 1))
-
-    def best_gamma(
-        self, alpha: float, max_gamma: int = 16, *, uses_draft_model: bool = True
-    ) -> int:
-        """The γ in 1..max_gamma with the highest predicted speedup."""
-        return max(
-            range(1, max_gamma + 1),
-            key=lambda g: self.speedup(alpha, g, uses_draft_model=uses_draft_model),
-        )
 
     def as_dict(self) -> dict:
         return {
@@ -141,7 +131,10 @@ def measure_costs(
     call, so, as in the loop, no two calls see the same shapes. (Backends that compile a
     kernel per new shape, as MLX's CUDA backend does for multi-token attention, pay that on
     every verify call; a measurement at one fixed context would hide it.) Repetitions are
-    interleaved over k, so drift hits every k alike; the medians are kept.
+    interleaved over k, so drift hits every k alike. Each size keeps its fastest call: on a
+    shared machine noise only ever adds time, and the loop measures the current speed
+    itself (`specmlx.policy.pricing`); the ratios are then made to rise with k
+    (`monotone`), since a bigger call never costs less.
     """
     ks = sorted(set(ks) | {1})
     target_seq = _prefilled(target, context)
@@ -157,12 +150,26 @@ def measure_costs(
             target_times[k].append(_time_call(target_seq, k))
         if draft_seq is not None:
             draft_times.append(_time_call(draft_seq, 1))
-    one = statistics.median(target_times[1])
+    one = min(target_times[1])
     return CostProfile(
         target_call_seconds=one,
-        draft_call_seconds=statistics.median(draft_times) if draft_times else None,
-        v={k: statistics.median(times) / one for k, times in target_times.items()},
+        draft_call_seconds=min(draft_times) if draft_times else None,
+        v=monotone({k: min(times) / one for k, times in target_times.items()}),
     )
+
+
+def monotone(v: dict[int, float]) -> dict[int, float]:
+    """The closest non-decreasing curve (least squares, pooling adjacent sizes that break
+    the order): a 16-token call measured cheaper than a 12-token one is noise."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for k in sorted(v):
+        blocks.append([v[k], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [total / count for total, count in blocks for _ in range(int(count))]
+    return dict(zip(sorted(v), values, strict=True))
 
 
 def _prefilled(model: nn.Module, context: int) -> Sequence:

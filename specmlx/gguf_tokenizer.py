@@ -16,13 +16,12 @@ match whole in text, as llama.cpp matches them.
 
 from __future__ import annotations
 
+from gguf import TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers as pre
 from tokenizers.processors import TemplateProcessing
 
 from specmlx.errors import SpecmlxError
-
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -136,14 +135,14 @@ def _add_special_tokens(tok: Tokenizer, meta: dict, byte_level: bool) -> None:
     control = [
         AddedToken(t, normalized=False, special=True)
         for t, kind in zip(tokens, types, strict=False)
-        if kind == CONTROL and (not byte_level or set(t) <= alphabet)
+        if kind == TokenType.CONTROL and (not byte_level or set(t) <= alphabet)
     ]
     tok.add_special_tokens(control)
     vocab = tok.get_vocab()
     user = [
         AddedToken(t, normalized=False, special=False)
         for t, kind in zip(tokens, types, strict=False)
-        if kind == USER_DEFINED and t in vocab
+        if kind == TokenType.USER_DEFINED and t in vocab
     ]
     tok.add_tokens(user)
 

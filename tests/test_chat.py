@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import zip_longest
+
+import pytest
+
 import specmlx
 from specmlx.api import GenerationConfig, encode_prompt
 from specmlx.chat import ChatSession
+from specmlx.stats import Stats
 
 CONFIG = GenerationConfig(method="draft", k=3, max_tokens=12)
 
@@ -56,3 +62,50 @@ def test_reset_forgets_the_conversation(tiny_dirs):
     session.reset()
     assert session.messages == []
     assert reply(session, "hi") == first
+
+
+def test_session_total_is_the_sum_of_its_turns(tiny_dirs):
+    models = specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
+    session = ChatSession(models, CONFIG)
+    turns = []
+    for text in ("hello there", "and again"):
+        reply(session, text)
+        turns.append(session.last_stats)
+    first, second = turns
+    total = session.total
+    assert total.responses == 2 and first.responses == second.responses == 1
+    assert total.tokens == first.tokens + second.tokens
+    assert total.prompt_tokens == first.prompt_tokens + second.prompt_tokens
+    assert total.target_calls == first.target_calls + second.target_calls
+    assert total.drafted == first.drafted + second.drafted > 0
+    assert total.accepted == first.accepted + second.accepted
+    for field in ("drafted_by_position", "accepted_by_position"):
+        pairs = zip_longest(getattr(first, field), getattr(second, field), fillvalue=0)
+        sums = [x + y for x, y in pairs]
+        assert list(getattr(total, field)) == sums, field
+    assert total.time_to_first_token > 0
+    mean = (first.time_to_first_token + second.time_to_first_token) / 2
+    assert total.time_to_first_token == pytest.approx(mean)
+    assert total.peak_memory_gb == max(first.peak_memory_gb, second.peak_memory_gb)
+
+
+def test_a_turn_stopped_before_its_first_token_adds_nothing(tiny_dirs):
+    models = specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
+    session = ChatSession(models, CONFIG)
+    reply(session, "hello there")
+    after_one = session.total
+
+    def interrupted(inputs, cache=None):
+        raise KeyboardInterrupt  # Ctrl-C during the prefill: no event, no stats of its own
+
+    session.target.model = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        reply(session, "and again")
+    assert session.total == after_one  # the first turn's stats are not counted twice
+
+
+def test_merging_nothing_keeps_the_generation():
+    one = Stats(tokens=5, time_to_first_token=0.25, drafted_by_position=(3, 1))
+    one = replace(one, accepted_by_position=(2, 0))
+    assert Stats(responses=0).merge(one) == one
+    assert one.merge(Stats(responses=0)) == one

@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, TokenType
 from gguf.quants import dequantize, quantize
 
 from specmlx.convert import convert_gguf
@@ -102,7 +102,7 @@ def tiny_vocab(folder: Path) -> tuple[list[str], list[int], list[str]]:
     spec = json.loads((folder / "tokenizer.json").read_text())
     tokens = [t for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])]
     control = {t["content"] for t in spec["added_tokens"]}
-    types = [3 if t in control else 1 for t in tokens]
+    types = [TokenType.CONTROL if t in control else TokenType.NORMAL for t in tokens]
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     return tokens, types, merges
 

@@ -79,20 +79,6 @@ def test_profile_without_draft_has_no_draft_cost() -> None:
     assert profile.verify_cost(8) == 1.0
 
 
-def test_best_gamma() -> None:
-    # Free drafts and flat verification: always draft the most.
-    flat = CostProfile(1.0, None, {1: 1.0, 17: 1.0})
-    assert flat.best_gamma(0.9, max_gamma=16, uses_draft_model=False) == 16
-    # Expensive drafts and poor acceptance: the shortest draft wins.
-    dear = CostProfile(1.0, 0.5, {1: 1.0, 17: 1.0})
-    assert dear.best_gamma(0.3) == 1
-    # Hand-computed for α = 0.8, c = 0.1, v = 1: γ = 5 gives 3.68928 / 1.5 = 2.4595,
-    # γ = 6 gives 3.951424 / 1.6 = 2.4696, γ = 7 gives 4.16114 / 1.7 = 2.4477.
-    middle = CostProfile(1.0, 0.1, {1: 1.0, 17: 1.0})
-    assert middle.best_gamma(0.8) == 6
-    assert middle.speedup(0.8, 6) == pytest.approx(2.46964)
-
-
 def test_measure_costs_on_a_tiny_pair(tiny_dirs) -> None:
     from mlx_lm import load
 
@@ -131,3 +117,13 @@ def test_acceptance_from_tokens_by_hand() -> None:
     assert acceptance_from_tokens(5.0, 4) == 1.0  # always all γ + 1
     # accepted/drafted is not α: at α = 0.8, γ = 4 a step accepts E - 1 = 2.3616 of 4 drafts.
     assert (expected_tokens(0.8, 4) - 1) / 4 == pytest.approx(0.5904)
+
+
+def test_monotone_pools_sizes_that_break_the_order() -> None:
+    from specmlx.costs import monotone
+
+    v = monotone({1: 1.0, 2: 1.3, 4: 1.9, 8: 2.0, 12: 3.2, 16: 1.8})
+    values = [v[k] for k in sorted(v)]
+    assert values == sorted(values)
+    assert v[12] == v[16] == pytest.approx(2.5)
+    assert v[2] == 1.3  # sizes in order keep their own figures

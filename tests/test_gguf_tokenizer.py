@@ -14,7 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, TokenType
 
 from specmlx.gguf_tensors import open_gguf
 from specmlx.gguf_tokenizer import build_tokenizer, sentencepiece_merges
@@ -108,7 +108,12 @@ def write_sentencepiece_gguf(path: Path) -> Path:
             pieces += [word[:k] for k in range(2, len(word) + 1)]
     pieces = list(dict.fromkeys(p for p in pieces if p not in chars))
     tokens = specials + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces + ["  ", "   "]
-    kinds = [3] * len(specials) + [6] * 256 + [1] * (len(chars) + len(pieces)) + [4, 4]
+    kinds = (
+        [TokenType.CONTROL] * len(specials)
+        + [TokenType.BYTE] * 256
+        + [TokenType.NORMAL] * (len(chars) + len(pieces))
+        + [TokenType.USER_DEFINED] * 2
+    )
     writer = GGUFWriter(str(path), "gemma3")
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import json
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -44,11 +46,24 @@ def test_default_pair_is_the_qwen_coders_and_unpacks():
     assert registry.default_pair() in registry.pairs()
 
 
-def test_packaged_copy_is_the_repo_registry():
-    """A non-editable install reads specmlx/data/registry.json; it must not drift."""
+def test_the_registry_is_a_regular_file_in_the_package():
+    """A wheel carries specmlx/data/registry.json only if it is a real file, not a link."""
     packaged = REPO / "specmlx" / "data" / "registry.json"
-    assert packaged.read_bytes() == (REPO / "models" / "registry.json").read_bytes()
-    assert registry.load_registry(packaged) == registry.load_registry()
+    assert packaged.is_file() and not packaged.is_symlink()
+    assert registry.registry_path() == packaged
+    resource = importlib.resources.files("specmlx") / "data" / "registry.json"
+    assert resource.is_file() and not Path(str(resource)).is_symlink()
+    assert json.loads(resource.read_text())["models"].keys() >= set(ALIASES)
+    # The checkout's models/registry.json is a link to it: editing one edits the other.
+    link = REPO / "models" / "registry.json"
+    assert link.is_symlink() and link.resolve() == packaged.resolve()
+
+
+def test_package_data_includes_the_registry():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]["specmlx"]
+    assert any(fnmatch("data/registry.json", glob) for glob in globs)
 
 
 def test_unknown_alias_lists_the_known_ones():
@@ -66,7 +81,7 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 
 def _good() -> dict:
-    return json.loads((REPO / "models" / "registry.json").read_text())
+    return json.loads(registry.registry_path().read_text())
 
 
 @pytest.mark.parametrize(
