@@ -3,7 +3,8 @@
 Each command parses its options, calls one function of the library and renders the result.
 Heavy imports (mlx, mlx-lm, transformers) happen inside the commands, so `specmlx --help`
 answers at once. Errors the user can act on (`SpecmlxError`) become one line on stderr and a
-non-zero exit; Ctrl-C stops the work and exits 130.
+non-zero exit; Ctrl-C stops the work and exits 130. The options generate, chat and bench
+share are declared once, in `specmlx.cli_options`; the methods come from `specmlx.methods`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,26 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from specmlx import __version__
+from specmlx.cli_options import (
+    KOpt,
+    MethodOpt,
+    ModelRefs,
+    SeedOpt,
+    SharedOptions,
+    TempOpt,
+    parse_ks,
+    with_options,
+)
 from specmlx.errors import SpecmlxError, UsageError
+from specmlx.methods import METHODS, methods_help
+
+if TYPE_CHECKING:
+    from specmlx.api import GenerationConfig, Models
 
 # Quiet the libraries we drive: no transformers banner about PyTorch, no hub telemetry.
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -155,126 +170,45 @@ def models() -> None:
             console.print(f"{pair.target} + {pair.draft}: {pair.note}", highlight=False)
 
 
-TargetOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Target model: folder, .gguf, alias or Hugging Face id. Default: the registry's pair."
-    ),
-]
-DraftOpt = Annotated[str | None, typer.Option(help="Draft model (same tokenizer as the target).")]
-MethodOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="none (plain decoding), draft, ngram (prompt lookup) or lookahead. "
-        "Default: draft when a draft model is loaded, else none."
-    ),
-]
-KOpt = Annotated[
-    str,
-    typer.Option(
-        "-k", "--k", help="Draft length per step, or auto: chosen each step from measured costs."
-    ),
-]
-MaxTokensOpt = Annotated[int, typer.Option(help="Most tokens to generate.")]
-TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 is greedy.")]
-TopPOpt = Annotated[float, typer.Option(help="Nucleus sampling mass, in (0, 1].")]
-TopKOpt = Annotated[int, typer.Option(help="Keep the k most likely tokens; 0 keeps all.")]
-SeedOpt = Annotated[int | None, typer.Option(help="Random seed for sampling.")]
-NgramMinOpt = Annotated[int, typer.Option(help="ngram: shortest context suffix to look up.")]
-NgramMaxOpt = Annotated[int, typer.Option(help="ngram: longest context suffix to look up.")]
-WindowOpt = Annotated[int, typer.Option(help="lookahead: Jacobi window W.")]
-NgramSizeOpt = Annotated[int, typer.Option(help="lookahead: n-gram size N.")]
-GuessesOpt = Annotated[int, typer.Option(help="lookahead: candidates G verified per step.")]
-
-
-def _parse_k(k: str) -> int | None:
-    """`auto` is None; anything else must be a whole number."""
-    if k == "auto":
-        return None
-    try:
-        return int(k)
-    except ValueError:
-        raise UsageError(f"k must be a whole number or auto, got {k!r}") from None
-
-
-def _config(
-    method: str | None,
-    k: str,
-    max_tokens: int,
-    temp: float,
-    top_p: float,
-    top_k: int,
-    seed: int | None,
-    chat_template: bool,
-    ngram: tuple[int, int],
-    lookahead: tuple[int, int, int],
-):
-    """The GenerationConfig of generate's and chat's options (validated there)."""
-    from specmlx.api import GenerationConfig
-    from specmlx.sampling import SamplingConfig
-
-    return GenerationConfig(
-        method=method,
-        k=_parse_k(k),
-        max_tokens=max_tokens,
-        sampling=SamplingConfig(temperature=temp, top_p=top_p, top_k=top_k),
-        seed=seed,
-        chat_template=chat_template,
-        ngram_min=ngram[0],
-        ngram_max=ngram[1],
-        window=lookahead[0],
-        ngram_size=lookahead[1],
-        guesses=lookahead[2],
-    )
-
-
-def _load(target: str | None, draft: str | None, config):
-    """Check the options against each other, then load the models (spinner on stderr)."""
+def _load(refs: ModelRefs, config: GenerationConfig) -> Models:
+    """Check the models against the method, then load them (spinner on stderr)."""
     from rich.console import Console
 
     from specmlx.api import load, method_of
 
-    if config.method == "draft" and draft is None and target is not None:
-        raise UsageError("--method draft needs a draft model (--draft)")
-    if config.method not in (None, "draft") and draft is not None:
-        raise UsageError(f"--draft is not used by --method {config.method}")
+    named = [METHODS[config.method]] if config.method is not None else []
+    refs.check(named)
     err = Console(stderr=True)
     with err.status("loading models…"):
-        models = load(target, draft, default_draft=config.method in (None, "draft"))
-    if config.k is None and method_of(models, config) != "none":
+        default_draft = not named or named[0].needs_draft_model
+        models = load(refs.target, refs.draft, default_draft=default_draft)
+    used = method_of(models, config)
+    if config.k is None and used.name != "none":
         from specmlx.calibration import load_or_measure
 
         # Adaptive k needs this device's call costs: measured once, then read from the cache.
-        with_draft = method_of(models, config) == "draft"
         with err.status("calibrating call costs for adaptive k (once per device and pair)…"):
-            load_or_measure(models, with_draft)
+            load_or_measure(models, used.needs_draft_model)
     return models
 
 
 @app.command()
 @handles_errors
+@with_options(SharedOptions, max_tokens=256)
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt.")],
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
     method: MethodOpt = None,
     k: KOpt = "auto",
-    max_tokens: MaxTokensOpt = 256,
     temp: TempOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
     seed: SeedOpt = None,
     no_chat_template: Annotated[
         bool, typer.Option("--no-chat-template", help="Send the prompt as raw text.")
     ] = False,
-    ngram_min: NgramMinOpt = 1,
-    ngram_max: NgramMaxOpt = 4,
-    window: WindowOpt = 5,
-    ngram_size: NgramSizeOpt = 4,
-    guesses: GuessesOpt = 5,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object at the end.")
     ] = False,
+    *,
+    opts: SharedOptions,
 ) -> None:
     """Generate a continuation of PROMPT, speculatively when a draft is given."""
     import json
@@ -282,20 +216,9 @@ def generate(
     from specmlx.api import method_of, method_settings, stream_generate
     from specmlx.display import stats_line
 
-    config = _config(
-        method,
-        k,
-        max_tokens,
-        temp,
-        top_p,
-        top_k,
-        seed,
-        not no_chat_template,
-        (ngram_min, ngram_max),
-        (window, ngram_size, guesses),
-    )
-    models = _load(target, draft, config)
-    method_used = method_of(models, config)
+    config = opts.generation_config(method, k, temp, seed, chat_template=not no_chat_template)
+    models = _load(opts.models, config)
+    used = method_of(models, config).name
     text, ids, stats = [], [], None
     for event in stream_generate(models, prompt, config):
         text.append(event.text)
@@ -303,39 +226,32 @@ def generate(
         stats = event.stats
         if not json_out:
             typer.echo(event.text, nl=False)
+    settings = method_settings(models, config)
     if json_out:
         out = {
             "text": "".join(text),
             "token_ids": ids,
-            "method": method_used,
-            "config": method_settings(config, method_used),
+            "method": used,
+            "config": settings,
             "stats": stats.as_dict(),
         }
         typer.echo(json.dumps(out))
     else:
         typer.echo()
-        settings = method_settings(config, method_used)
         details = " ".join(f"{key}={value}" for key, value in settings.items())
-        typer.echo(f"{stats_line(stats, method_used)} · {details}", err=True)
+        typer.echo(" · ".join(filter(None, (stats_line(stats, used), details))), err=True)
 
 
 @app.command()
 @handles_errors
+@with_options(SharedOptions, max_tokens=512)
 def chat(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
     method: MethodOpt = None,
     k: KOpt = "auto",
-    max_tokens: MaxTokensOpt = 512,
     temp: TempOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
     seed: SeedOpt = None,
-    ngram_min: NgramMinOpt = 1,
-    ngram_max: NgramMaxOpt = 4,
-    window: WindowOpt = 5,
-    ngram_size: NgramSizeOpt = 4,
-    guesses: GuessesOpt = 5,
+    *,
+    opts: SharedOptions,
 ) -> None:
     """Chat with the target; /reset, /stats, /quit. Ctrl-C stops the current reply."""
     from rich.console import Console
@@ -344,23 +260,12 @@ def chat(
     from specmlx.chat import ChatSession
     from specmlx.display import live, render, stats_line
 
-    config = _config(
-        method,
-        k,
-        max_tokens,
-        temp,
-        top_p,
-        top_k,
-        seed,
-        True,
-        (ngram_min, ngram_max),
-        (window, ngram_size, guesses),
-    )
-    models = _load(target, draft, config)
+    config = opts.generation_config(method, k, temp, seed, chat_template=True)
+    models = _load(opts.models, config)
     session = ChatSession(models, config)
-    method_used = method_of(models, config)
+    used = method_of(models, config).name
     console = Console()
-    console.print(f"[dim]chat with {models.target_path} ({method_used}); /reset /stats /quit[/dim]")
+    console.print(f"[dim]chat with {models.target_path} ({used}); /reset /stats /quit[/dim]")
     while True:
         try:
             line = console.input("[bold green]you>[/bold green] ")
@@ -375,7 +280,9 @@ def chat(
             console.print("[dim]conversation reset[/dim]")
             continue
         if command == "/stats":
-            console.print(stats_line(session.total, method_used), markup=False)
+            # One line, however wide: soft_wrap leaves wrapping to the terminal.
+            summary = stats_line(session.total, used)
+            console.print(summary, markup=False, highlight=False, soft_wrap=True)
             continue
         if not command:
             continue
@@ -386,20 +293,16 @@ def chat(
                 for event in events:
                     reply += event.text
                     stats = event.stats
-                    view.update(render(reply, stats, method_used))
+                    view.update(render(reply, stats, used))
             except KeyboardInterrupt:
                 events.close()
-                view.update(render(reply, stats, method_used, note="[stopped]"))
+                view.update(render(reply, stats, used, note="[stopped]"))
         console.print()
-
-
-def _parse_ks(values: list[str]) -> list[int | None]:
-    """`-k 2 -k 4` or `--k 2,4,auto` (or both); auto is None."""
-    return [_parse_k(part) for value in values for part in value.split(",")]
 
 
 @app.command()
 @handles_errors
+@with_options(SharedOptions, max_tokens=64)
 def bench(
     suite: Annotated[
         list[str] | None,
@@ -412,7 +315,10 @@ def bench(
     limit: Annotated[int | None, typer.Option(help="At most this many prompts per suite.")] = None,
     method: Annotated[
         list[str] | None,
-        typer.Option(help="Method to compare: draft, ngram or lookahead (repeatable)."),
+        typer.Option(
+            help="Method to compare with the target alone (none, always the first row); "
+            f"repeatable; default: those that use a draft model. {methods_help()}."
+        ),
     ] = None,
     k: Annotated[
         list[str] | None,
@@ -428,13 +334,8 @@ def bench(
     temp: Annotated[
         list[float] | None, typer.Option("--temp", help="Temperature (repeatable); 0 is greedy.")
     ] = None,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    max_tokens: MaxTokensOpt = 64,
     repeats: Annotated[int, typer.Option(help="Runs per prompt and row; medians are kept.")] = 1,
     warmup: Annotated[int, typer.Option(help="Unrecorded warm-up runs per row.")] = 1,
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
     seed: Annotated[int, typer.Option(help="Base random seed, the same for every row.")] = 0,
     no_chat_template: Annotated[
         bool, typer.Option("--no-chat-template", help="Send prompts as raw text.")
@@ -453,9 +354,26 @@ def bench(
     bandwidth_gb: Annotated[
         float, typer.Option(help="Size in GB of the array the bandwidth probe reads.")
     ] = 1.0,
+    overhead: Annotated[
+        bool,
+        typer.Option(
+            "--overhead",
+            help="Instead of the benchmark: measure specmlx's own per-step overhead on tiny "
+            "built-in models (loads no model; the other options are ignored).",
+        ),
+    ] = False,
+    *,
+    opts: SharedOptions,
 ) -> None:
     """Benchmark the target alone, each method and k, and mlx-lm, interleaved per prompt."""
     from rich.console import Console
+
+    if overhead:
+        from specmlx.overhead import measure_overhead, render
+
+        Console().print(render(measure_overhead()))
+        return
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from specmlx import bench_report
@@ -463,11 +381,16 @@ def bench(
     from specmlx.suites import load_prompts_file, load_suite, suite_names
 
     # Everything that can be wrong with the options fails here, before any model loads.
+    if flags := opts.method_flags.flags_given():
+        # bench.RowSpec carries no method options yet: every row runs its method's defaults.
+        raise UsageError(
+            f"bench runs each method with its default options; drop {', '.join(flags)}"
+        )
     suites = [load_prompts_file(prompts, limit)] if prompts is not None else []
     if suite or prompts is None:
         suites += [load_suite(name, limit) for name in suite_names(suite or ["all"])]
-    methods = method or ["draft"]
-    rows = make_rows(methods, _parse_ks(k or ["4"]), mlx_lm, mlx_lm_k)
+    methods = method or [m.name for m in METHODS.values() if m.needs_draft_model]
+    rows = make_rows(methods, parse_ks(k or ["4"]), mlx_lm, mlx_lm_k)
     if plot is not None:
         bench_report.require_matplotlib()
     outputs = [p for p in (json_path, csv_path, markdown_path, plot) if p is not None]
@@ -477,9 +400,9 @@ def bench(
         suites=tuple(suites),
         rows=rows,
         temperatures=tuple(dict.fromkeys(temp or [0.0])),
-        top_p=top_p,
-        top_k=top_k,
-        max_tokens=max_tokens,
+        top_p=opts.top_p,
+        top_k=opts.top_k,
+        max_tokens=opts.max_tokens,
         repeats=repeats,
         warmup=warmup,
         seed=seed,
@@ -487,9 +410,10 @@ def bench(
     )
     for t in config.temperatures:
         config.sampling(t)  # validates the sampler settings
-    needs_draft = any(r.method in ("draft", "mlx-lm") for r in rows)
-    if needs_draft and draft is None and target is not None:
-        raise UsageError("--method draft needs a draft model (--draft)")
+    # mlx-lm's rows come only with the draft model's, so the table's methods decide.
+    used = [METHODS[m] for m in dict.fromkeys(methods)]
+    opts.models.check(used)
+    needs_draft = any(m.needs_draft_model for m in used)
 
     from specmlx.api import load
     from specmlx.bench import run
@@ -499,7 +423,7 @@ def bench(
 
     err = Console(stderr=True)
     with err.status("loading models…"):
-        models = load(target, draft if needs_draft else None, default_draft=needs_draft)
+        models = load(opts.models.target, opts.models.draft, default_draft=needs_draft)
     with err.status("measuring bandwidth and call costs…"):
         env = environment(models, bandwidth_gb)
         # The same calibration adaptive k uses (measured once per device and pair, cached).
@@ -529,11 +453,12 @@ def bench(
 
 @app.command()
 @handles_errors
+@with_options(ModelRefs)
 def calibrate(
-    target: TargetOpt = None,
-    draft: DraftOpt = None,
     method: MethodOpt = None,
     force: Annotated[bool, typer.Option(help="Measure again even if cached.")] = False,
+    *,
+    opts: ModelRefs,
 ) -> None:
     """Measure (or show the cached) call costs adaptive k uses: c and v(k) for k = 1..16."""
     from rich.console import Console
@@ -542,8 +467,8 @@ def calibrate(
     from specmlx.api import GenerationConfig
     from specmlx.calibration import cache_file, calibration_key, load_or_measure
 
-    config = GenerationConfig(method=method)
-    models = _load(target, draft, config)
+    # k=1: the costs are measured below, not by _load (once, and with --force if asked).
+    models = _load(opts, GenerationConfig(method=method, k=1))
     with_draft = models.draft is not None
     with Console(stderr=True).status("calibrating…"):
         profile, fresh = load_or_measure(models, with_draft, force=force)

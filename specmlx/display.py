@@ -18,8 +18,13 @@ if TYPE_CHECKING:
     from specmlx.api import Stats
 
 
+# Acceptance by draft position: the first few say how far drafts get; more would wrap the line.
+POSITIONS_SHOWN = 6
+
+
 def stats_line(stats: Stats, method: str) -> str:
-    """The one-line summary printed after a generation."""
+    """The one-line summary printed after a generation (or over a chat session's turns).
+    Time to first token and acceptance by position appear when the stats carry them."""
     parts = [
         f"{stats.tokens} tokens",
         f"{stats.tokens_per_sec:.1f} tok/s",
@@ -28,12 +33,16 @@ def stats_line(stats: Stats, method: str) -> str:
     ]
     if method != "none":
         parts.append(f"acceptance {stats.acceptance_rate:.0%} ({stats.accepted}/{stats.drafted})")
+        by_position = stats.acceptance_by_position
+        if by_position:
+            shown = " ".join(f"{rate:.0%}" for rate in by_position[:POSITIONS_SHOWN])
+            more = " …" if len(by_position) > POSITIONS_SHOWN else ""
+            parts.append(f"by position {shown}{more}")
         if stats.plain_steps:
             parts.append(f"{stats.plain_steps} plain steps (speculation predicted to lose)")
-    parts += [
-        f"ttft {stats.time_to_first_token * 1000:.0f} ms",
-        f"peak {stats.peak_memory_gb:.2f} GB",
-    ]
+    if stats.time_to_first_token:
+        parts.append(f"ttft {stats.time_to_first_token * 1000:.0f} ms")
+    parts.append(f"peak {stats.peak_memory_gb:.2f} GB")
     return f"[{method}] " + " · ".join(parts)
 
 

@@ -1,14 +1,20 @@
-"""The CLI: generate, chat with scripted input, and one-line errors for bad input."""
+"""The CLI: generate, chat with scripted input, the shared options, and one-line errors for
+bad input."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import types
 
 import pytest
 from typer.testing import CliRunner
 
 from specmlx import __version__
 from specmlx.cli import app
+from specmlx.cli_options import MethodFlags, SharedOptions
+from specmlx.methods import METHODS, DraftOptions, LookaheadOptions, NgramOptions
 from tests.tiny import make_model_dir
 
 runner = CliRunner()
@@ -129,6 +135,9 @@ def test_chat_scripted(tiny_dirs):
     assert result.exit_code == 0, result.output
     assert "assistant" in result.output and "conversation reset" in result.output
     assert "acceptance" in result.output and "[draft]" in result.output
+    # /stats: the session's totals, on one line (the scripted input is not echoed).
+    stats_lines = [line for line in result.output.splitlines() if "you> [draft] " in line]
+    assert len(stats_lines) == 1 and "tokens" in stats_lines[0] and "peak" in stats_lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +158,16 @@ def odd_dirs(tmp_path_factory):
         (["--top-p", "0"], 2, "top-p must be in (0, 1]"),
         (["--top-p", "1.5"], 2, "top-p must be in (0, 1]"),
         (["--method", "draft"], 2, "needs a draft model"),
-        (["--method", "medusa"], 2, "unknown method"),
+        (["--method", "medusa"], 2, "unknown method 'medusa'; choose from none, draft"),
+        (["-k", "two"], 2, "k must be a whole number or auto"),
+        (["--method", "ngram", "--window", "7"], 2, "--window is an option of --method lookahead"),
+        (["--method", "none", "--ngram-min", "2"], 2, "not of --method none"),
+        (["--ngram-min", "2", "--guesses", "3"], 2, "options of different methods"),
+        (["--method", "ngram", "--ngram-min", "5"], 2, "need 1 <= ngram-min <= ngram-max"),
+        (["--method", "lookahead", "--ngram-size", "1"], 2, "ngram-size >= 2"),
+        (["--p-min", "1.5"], 2, "p-min must be between 0 and 1"),
+        (["--p-min", "0.5"], 2, "--method draft needs a draft model"),  # p-min implies draft
+        (["--method", "ngram", "--draft", "x"], 2, "--draft is not used by --method ngram"),
     ],
 )
 def test_bad_input_is_one_line(tiny_dirs, args, code, needle):
@@ -181,3 +199,115 @@ def test_prompt_longer_than_context(odd_dirs):
         "--no-chat-template",
     )
     assert "context holds 8" in one_line_error(result, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--method", "medusa"], "unknown method 'medusa'"),
+        (["--window", "7"], "bench runs each method with its default options; drop --window"),
+        (["--method", "ngram", "--target", "t", "--draft", "d"], "--draft is not used"),
+        (["-k", "0"], "k must be between 1 and 64"),
+        (["--top-p", "0"], "top-p must be in (0, 1]"),
+    ],
+)
+def test_bench_bad_input_is_one_line(args, needle):
+    """All fail before any model loads."""
+    assert needle in one_line_error(invoke("bench", "--suite", "code", *args), 2)
+
+
+def test_generate_with_method_options(tiny_dirs):
+    """Only the options of the method in use reach its options object; p-min alone implies
+    the draft method, and stays lossless under greedy decoding."""
+    target, draft = str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"])
+    common = ["generate", "hello", "--target", target, "--json", "--max-tokens", "12"]
+    ngram = invoke(*common, "--method", "ngram", "--ngram-min", "2", "-k", "3")
+    p_min = invoke(*common, "--draft", draft, "--p-min", "0.5", "-k", "4")
+    plain = invoke(*common, "--method", "none")
+    assert ngram.exit_code == 0 and p_min.exit_code == 0, ngram.output + p_min.output
+    ngram_out, p_min_out = json.loads(ngram.stdout), json.loads(p_min.stdout)
+    assert ngram_out["method"] == "ngram"
+    assert ngram_out["config"] == {"k": 3, "min_n": 2, "max_n": 4}
+    assert p_min_out["method"] == "draft" and p_min_out["config"] == {"k": 4, "p_min": 0.5}
+    assert p_min_out["token_ids"] == json.loads(plain.stdout)["token_ids"]
+
+
+def test_method_flags_become_the_options_of_the_method_in_use():
+    flags = MethodFlags(ngram_max=6, window=None)
+    assert flags.method(None) is METHODS["ngram"]
+    assert flags.options(METHODS["ngram"]) == NgramOptions(max_n=6)
+    assert MethodFlags(window=7, guesses=2).options(METHODS["lookahead"]) == LookaheadOptions(
+        window=7, guesses=2
+    )
+    assert MethodFlags().options(METHODS["draft"]) == DraftOptions()
+    assert MethodFlags().options(None) is None and MethodFlags().method(None) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "max_tokens"), [("generate", 256), ("chat", 512), ("bench", 64)]
+)
+def test_shared_options_are_listed_with_each_commands_defaults(command, max_tokens):
+    result = invoke(command, "--help")
+    assert result.exit_code == 0, result.output
+    help_text = " ".join(result.output.split())  # undo the wrapping
+    for option in ("--target", "--draft", "--top-p", "--top-k", "--p-min", "--ngram-min"):
+        assert option in help_text
+    for option in ("--ngram-max", "--window", "--ngram-size", "--guesses"):
+        assert option in help_text
+    assert f"Most tokens to generate. [default: {max_tokens}]" in help_text
+    assert "ngram: shortest context suffix to look up. [default: 1]" in help_text
+    assert "lookahead: Jacobi window W. [default: 5]" in help_text
+    for name in METHODS:  # the --method help comes from the method table
+        assert f"{name}: " in help_text
+
+
+def test_shared_options_default():
+    opts = SharedOptions()
+    assert opts.max_tokens == 256 and opts.models.target is None
+    assert opts.method_flags.given() == []
+
+
+def test_bench_overhead_calls_the_overhead_module(monkeypatch):
+    """--overhead loads no model: it renders what `specmlx.overhead` measured."""
+    calls = []
+    fake = types.ModuleType("specmlx.overhead")
+    fake.measure_overhead = lambda: calls.append("measured") or ["row"]
+    fake.render = lambda rows: f"overhead table of {rows}"
+    monkeypatch.setitem(sys.modules, "specmlx.overhead", fake)
+    result = invoke("bench", "--overhead")
+    assert result.exit_code == 0, result.output
+    assert calls == ["measured"] and "overhead table of ['row']" in result.output
+
+
+def test_stats_line_shows_ttft_and_acceptance_by_position():
+    from specmlx.display import stats_line
+    from specmlx.stats import Stats
+
+    stats = Stats(
+        tokens=10,
+        target_calls=4,
+        drafted=9,
+        accepted=6,
+        drafted_by_position=(4, 3, 2),
+        accepted_by_position=(4, 2, 0),
+        time_to_first_token=0.012,
+        decode_seconds=0.5,
+    )
+    line = stats_line(stats, "draft")
+    assert "\n" not in line
+    assert "acceptance 67% (6/9)" in line and "by position 100% 67% 0%" in line
+    assert "ttft 12 ms" in line
+    merged = Stats(tokens=10, target_calls=4, drafted=9, accepted=6)  # no ttft, no positions
+    assert "ttft" not in stats_line(merged, "draft") and "position" not in stats_line(merged, "x")
+    assert "acceptance" not in stats_line(merged, "none")
+
+
+def test_help_imports_no_heavy_library():
+    """`specmlx --help` answers at once: no mlx, mlx-lm or transformers behind it."""
+    code = (
+        "import sys, specmlx.cli; "
+        "heavy = {m.split('.')[0] for m in sys.modules} & {'mlx', 'mlx_lm', 'transformers'}; "
+        "print(sorted(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
