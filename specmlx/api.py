@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specmlx.cache import Sequence
+from specmlx.costs import CostProfile
 from specmlx.decode import Step, decode
 from specmlx.drafters.base import Drafter
 from specmlx.errors import SpecmlxError, UsageError
@@ -233,9 +234,15 @@ def make_drafter(models: Models, config: GenerationConfig) -> Drafter | None:
     return method_of(models, config).build(models, options_of(models, config), config.sampling)
 
 
-def make_policy(models: Models, config: GenerationConfig, drafter: Drafter | None) -> Policy:
+def make_policy(
+    models: Models,
+    config: GenerationConfig,
+    drafter: Drafter | None,
+    profile: CostProfile | None = None,
+) -> Policy:
     """The policy that sets each step's draft length: fixed k, or adaptive from this
-    combination's calibrated costs (measured once per device, then read from the cache)."""
+    combination's calibrated costs (`profile`, or measured once per device and then read
+    from the cache)."""
     options = options_of(models, config)
     p_min = getattr(options, "p_min", None)
     if drafter is None:
@@ -245,7 +252,8 @@ def make_policy(models: Models, config: GenerationConfig, drafter: Drafter | Non
     from specmlx.calibration import load_or_measure
 
     traits = drafter.traits
-    profile, _ = load_or_measure(models, with_draft=traits.uses_model)
+    if profile is None:
+        profile, _ = load_or_measure(models, with_draft=traits.uses_model)
     # The costs earlier responses measured carry over: they are the machine's, not a
     # response's (each sampler adds its own per-step cost: greedy, top-p, top-k).
     key: CostKey = (

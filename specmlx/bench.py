@@ -2,14 +2,17 @@
 
 Everything runs in one process and interleaved per prompt: for each prompt and repeat, every
 row generates in turn from the same seed, so drift of a shared machine hits all rows alike.
-A row is a (method, k) pair: `none` is the target alone (the baseline), any method the API
-knows drafts with it, and `mlx-lm` is mlx-lm's speculative decoding on the same pair and
-sampler, the reference competitor.
+A row is a `RowSpec`, a (method, k) pair: `none` is the target alone, any method of
+`specmlx.methods.METHODS` drafts with it, `mlx-lm k=N` is mlx-lm's speculative decoding on
+the same pair and sampler (the reference competitor), and `mlx-lm plain` (k = 0) is
+mlx-lm's own generation on the target alone. `none` and `mlx-lm plain` are the two plain
+baselines; the report measures speedups against each (see `specmlx.bench_summary`).
 
 Every row is timed the same way, by this module's clock: time to first token runs from the
 call to the first target step's output (prefill included), and decode tokens/s counts the
 tokens after the first step over the time after it, so neither prefill nor the first step's
-drafting skews the steady-state rate. `run` yields one `Measurement` per generation;
+drafting skews the steady-state rate. `run` yields one `Measurement` per generation, holding
+the run's final `Stats` (for mlx-lm's rows, built from what mlx-lm reports);
 `specmlx.bench_summary` turns them into the report, `specmlx.bench_report` renders it.
 """
 
@@ -22,7 +25,6 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 
 from specmlx.api import (
-    METHODS,
     GenerationConfig,
     Models,
     encode_prompt,
@@ -31,29 +33,56 @@ from specmlx.api import (
     stream_ids,
 )
 from specmlx.cache import Sequence
+from specmlx.decode import Step
 from specmlx.errors import UsageError
+from specmlx.methods import METHODS, MethodOptions
 from specmlx.sampling import SamplingConfig
+from specmlx.stats import Stats
 from specmlx.suites import Suite
 
 MLX_LM = "mlx-lm"
-DRAFT_MODEL_METHODS = frozenset({"draft", MLX_LM})  # methods whose drafts cost a model call
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One configuration to measure. `sampling` overrides the run's sampler (a test hook)."""
+    """One configuration to measure, and the key every report joins its rows on.
+    `sampling` overrides the run's sampler (a test hook)."""
 
-    method: str  # "none", a method of specmlx.api, or "mlx-lm"
+    method: str  # a method of specmlx.methods, or "mlx-lm" (k = 0: without a draft model)
     k: int | None = 0  # None: adaptive, chosen per step (`-k auto`)
     sampling: SamplingConfig | None = None
 
     @property
     def name(self) -> str:
+        """For display only: two rows may share a name, never a key."""
         k = "auto" if self.k is None else self.k
-        name = self.method if self.method == "none" else f"{self.method} k={k}"
+        if self.method == "none":
+            name = "none"
+        elif self.method == MLX_LM and self.k == 0:
+            name = f"{MLX_LM} plain"
+        else:
+            name = f"{self.method} k={k}"
         if self.sampling is not None:
             name += f" (T={self.sampling.temperature:g})"
         return name
+
+    @property
+    def is_plain(self) -> bool:
+        """A baseline: the target alone, through our loop or through mlx-lm."""
+        return self.method == "none" or (self.method == MLX_LM and self.k == 0)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        if self.method == MLX_LM:
+            return self.k != 0
+        return METHODS[self.method].needs_draft_model
+
+    def __str__(self) -> str:
+        return self.name
+
+
+NONE = RowSpec("none")
+MLX_LM_PLAIN = RowSpec(MLX_LM, 0)
 
 
 def make_rows(
@@ -62,8 +91,9 @@ def make_rows(
     mlx_lm: bool = True,
     mlx_lm_ks: list[int] | None = None,
 ) -> tuple[RowSpec, ...]:
-    """`none`, then every (method, k), then mlx-lm when a draft model is used: at each k of
-    `mlx_lm_ks`, or at each fixed k when that is None.
+    """`none`, then (with `mlx_lm`) mlx-lm plain, then every (method, k), then, when a
+    method uses the draft model, mlx-lm's speculative decoding at each k of `mlx_lm_ks`, or
+    at each fixed k when that is None.
 
     A k of None is adaptive (`-k auto`); mlx-lm has no such mode.
     """
@@ -74,9 +104,9 @@ def make_rows(
     for k in [*ks, *(mlx_lm_ks or [])]:
         if k is not None and not 1 <= k <= 64:
             raise UsageError(f"k must be between 1 and 64, got {k}")
-    rows = [RowSpec("none")]
+    rows = [NONE, *([MLX_LM_PLAIN] if mlx_lm else [])]
     rows += [RowSpec(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(ks)]
-    if mlx_lm and "draft" in methods:
+    if mlx_lm and any(METHODS[m].needs_draft_model for m in methods):
         reference = ks if mlx_lm_ks is None else mlx_lm_ks
         rows += [RowSpec(MLX_LM, k) for k in dict.fromkeys(reference) if k is not None]
     return tuple(rows)
@@ -94,15 +124,26 @@ class BenchConfig:
     warmup: int = 1
     seed: int = 0
     chat_template: bool = True
+    # The options of methods run with other than their defaults (`specmlx.methods`).
+    options: tuple[MethodOptions, ...] = ()
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.warmup < 0 or self.max_tokens < 2:
             raise UsageError("repeats >= 1, warmup >= 0 and max-tokens >= 2, please")
-        if not self.rows or self.rows[0].method != "none":
+        if not self.rows or self.rows[0] != NONE:
             raise UsageError("the first row must be the target alone (none)")
+        if len(set(self.rows)) != len(self.rows):
+            raise UsageError("each row may be benched once")
 
     def sampling(self, temperature: float) -> SamplingConfig:
         return SamplingConfig(temperature, self.top_p, self.top_k)
+
+    def options_of(self, row: RowSpec) -> MethodOptions | None:
+        """The options a row's method runs with; None: its defaults."""
+        if row.method not in METHODS:
+            return None
+        kind = METHODS[row.method].options
+        return next((o for o in self.options if isinstance(o, kind)), None)
 
     @property
     def total_runs(self) -> int:
@@ -113,27 +154,25 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class Measurement:
-    """One row's generation for one prompt and repeat."""
+    """One row's generation for one prompt and repeat.
 
-    row: str
+    `stats` is the run's final `Stats`: ours as the loop reported them; for mlx-lm's rows,
+    its tokens, target calls (one per step) and, as `accepted`, the tokens that came from
+    the draft (it reports no drafted count: 0). The times here are this module's clock.
+    """
+
+    row: RowSpec
     token_ids: tuple[int, ...]
-    target_calls: int
-    drafted: int  # ours: drafted tokens; mlx-lm: not reported (0)
-    accepted: int  # ours: accepted drafts; mlx-lm: tokens that came from the draft
+    stats: Stats
     temperature: float = 0.0
     suite: str = "warmup"
     prompt_id: str = ""
     repeat: int = -1  # -1 for warm-up runs
-    drafted_by_position: tuple[int, ...] = ()
-    accepted_by_position: tuple[int, ...] = ()
     time_to_first_token: float = 0.0
     decode_tokens: int = 0  # tokens after the first step
     decode_seconds: float = 0.0  # time after the first step
     seconds: float = 0.0  # whole call, prefill included
-    peak_memory_gb: float = 0.0
-    # Every step after the first: (tokens it drafted, tokens it emitted, seconds). mlx-lm's
-    # rows report no steps.
-    decode_steps: tuple[tuple[int, int, float], ...] = ()
+    decode_steps: tuple[Step, ...] = ()  # every step after the first; mlx-lm reports none
 
     @property
     def tokens_per_sec(self) -> float:
@@ -150,7 +189,8 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
         for row in config.rows:
             mx.random.seed(config.seed + i)
             sampling = row.sampling or config.sampling(config.temperatures[0])
-            result = run_row(models, row, first_ids, min(8, config.max_tokens), sampling)
+            options = config.options_of(row)
+            result = run_row(models, row, first_ids, min(8, config.max_tokens), sampling, options)
             yield replace(result, temperature=config.temperatures[0], prompt_id=first.id)
     for temperature in config.temperatures:
         for suite in config.suites:
@@ -161,7 +201,10 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
                     for row in config.rows:
                         mx.random.seed(seed)  # every row draws from the same stream
                         sampling = row.sampling or config.sampling(temperature)
-                        result = run_row(models, row, prompt_ids, config.max_tokens, sampling)
+                        options = config.options_of(row)
+                        result = run_row(
+                            models, row, prompt_ids, config.max_tokens, sampling, options
+                        )
                         yield replace(
                             result,
                             temperature=temperature,
@@ -172,7 +215,12 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
 
 
 def run_row(
-    models: Models, row: RowSpec, prompt_ids: list[int], max_tokens: int, sampling: SamplingConfig
+    models: Models,
+    row: RowSpec,
+    prompt_ids: list[int],
+    max_tokens: int,
+    sampling: SamplingConfig,
+    options: MethodOptions | None = None,
 ) -> Measurement:
     """One generation of one row, from fresh caches, not yet tagged with where it ran.
     (Adaptive k starts from the costs earlier rows measured, as a script's calls do.)"""
@@ -180,11 +228,13 @@ def run_row(
     if row.method == MLX_LM:
         return _run_mlx_lm(models, row, prompt_ids, max_tokens, sampling)
     k = None if row.k is None else max(row.k, 1)
-    config = GenerationConfig(method=row.method, k=k, max_tokens=max_tokens, sampling=sampling)
+    config = GenerationConfig(
+        method=row.method, options=options, k=k, max_tokens=max_tokens, sampling=sampling
+    )
     drafter = make_drafter(models, config)
     policy = make_policy(models, config, drafter)  # calibrates on first use, before the clock
     tokens: list[int] = []
-    steps: list[tuple[int, int, float]] = []
+    steps: list[Step] = []
     first_tokens, first_time, stats = 0, 0.0, None
     start = time.perf_counter()
     for event in stream_ids(models, Sequence(models.target), drafter, prompt_ids, config, policy):
@@ -193,23 +243,17 @@ def run_row(
         if not first_time:
             first_time, first_tokens = time.perf_counter(), len(tokens)
         else:
-            step = event.step
-            steps.append((step.n_drafted, len(event.token_ids), step.seconds))
+            steps.append(event.step)
     end = time.perf_counter()
     assert stats is not None
     return Measurement(
-        row=row.name,
+        row=row,
         token_ids=tuple(tokens),
-        target_calls=stats.target_calls,
-        drafted=stats.drafted,
-        accepted=stats.accepted,
-        drafted_by_position=stats.drafted_by_position,
-        accepted_by_position=stats.accepted_by_position,
+        stats=stats,
         time_to_first_token=first_time - start,
         decode_tokens=len(tokens) - first_tokens,
         decode_seconds=end - first_time,
         seconds=end - start,
-        peak_memory_gb=stats.peak_memory_gb,
         decode_steps=tuple(steps),
     )
 
@@ -217,10 +261,13 @@ def run_row(
 def _run_mlx_lm(
     models: Models, row: RowSpec, prompt_ids: list[int], max_tokens: int, sampling: SamplingConfig
 ) -> Measurement:
+    """mlx-lm's `stream_generate` on the same prompt ids and sampler: speculative with the
+    draft model at k > 0, the target alone at k = 0."""
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     sampler = make_sampler(sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    speculative = {"draft_model": models.draft, "num_draft_tokens": row.k} if row.k else {}
     mx.reset_peak_memory()
     tokens: list[int] = []
     from_draft: list[bool] = []
@@ -232,9 +279,8 @@ def _run_mlx_lm(
         models.tokenizer,
         mx.array(prompt_ids, mx.uint32),
         max_tokens=max_tokens,
-        draft_model=models.draft,
-        num_draft_tokens=row.k,
         sampler=sampler,
+        **speculative,
     ):
         now = time.perf_counter()
         first_time = first_time or now
@@ -245,19 +291,24 @@ def _run_mlx_lm(
         if first_step is None and not response.from_draft:
             first_step = (now, len(tokens))
     end = time.perf_counter()
-    n_target_tokens = from_draft.count(False)
     # A step cut short by max_tokens or a stop token ends on a draft token, and still cost a call.
-    target_calls = n_target_tokens + (1 if from_draft and from_draft[-1] else 0)
+    target_calls = from_draft.count(False) + (1 if from_draft and from_draft[-1] else 0)
     step_time, step_tokens = first_step or (end, len(tokens))
-    return Measurement(
-        row=row.name,
-        token_ids=tuple(tokens),
+    stats = Stats(
+        prompt_tokens=len(prompt_ids),
+        tokens=len(tokens),
         target_calls=target_calls,
-        drafted=0,
         accepted=from_draft.count(True),
+        time_to_first_token=first_time - start,
+        decode_seconds=end - step_time,
+        peak_memory_gb=peak,
+    )
+    return Measurement(
+        row=row,
+        token_ids=tuple(tokens),
+        stats=stats,
         time_to_first_token=first_time - start,
         decode_tokens=len(tokens) - step_tokens,
         decode_seconds=end - step_time,
         seconds=end - start,
-        peak_memory_gb=peak,
     )

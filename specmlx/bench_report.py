@@ -1,6 +1,7 @@
 """Render a benchmark report: the Rich header and table, JSON, CSV, Markdown and a plot.
 
-Nothing here measures anything. Files are written atomically (a temporary file in the same
+Nothing here measures anything. `as_data` is the report as plain data, the JSON output
+(data/bench.schema.json): a row appears as its display name with its method and k. Files are written atomically (a temporary file in the same
 folder, then a rename), so an interrupted run never leaves half a file behind.
 """
 
@@ -11,6 +12,7 @@ import io
 import json
 import os
 import tempfile
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,11 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specmlx.bench import NONE, RowSpec
+from specmlx.bench_summary import Report
 from specmlx.errors import UsageError
+
+SCHEMA_VERSION = 2
 
 CSV_FIELDS = (
     "temperature",
@@ -32,6 +38,7 @@ CSV_FIELDS = (
     "tokens_per_sec",
     "tokens_per_sec_aggregate",
     "speedup_vs_none",
+    "speedup_vs_best_plain",
     "steady_speedup_vs_none",
     "speedup_vs_mlx_lm",
     "predicted_speedup",
@@ -49,6 +56,7 @@ COLUMNS = (
     ("tok/s", "tokens_per_sec", "{:.2f}"),
     ("agg tok/s", "tokens_per_sec_aggregate", "{:.2f}"),
     ("× none", "speedup_vs_none", "{:.2f}"),
+    ("× best plain", "speedup_vs_best_plain", "{:.2f}"),
     ("steady ×", "steady_speedup_vs_none", "{:.2f}"),
     ("× mlx-lm", "speedup_vs_mlx_lm", "{:.2f}"),
     ("predicted", "predicted_speedup", "{:.2f}"),
@@ -61,9 +69,55 @@ COLUMNS = (
 )
 
 
-def header_lines(report: dict[str, Any]) -> list[str]:
+def record_data(record: Any) -> dict[str, Any]:
+    """A result or summary row as plain data: its row as name, method and k; lists for
+    tuples."""
+    data: dict[str, Any] = {}
+    for f in fields(record):
+        value = getattr(record, f.name)
+        if isinstance(value, RowSpec):
+            data.update(row=value.name, method=value.method, k=value.k)
+        elif isinstance(value, tuple):
+            data[f.name] = [list(v) if isinstance(v, tuple) else v for v in value]
+        else:
+            data[f.name] = value
+    return data
+
+
+def as_data(report: Report) -> dict[str, Any]:
+    """The whole report as the JSON output holds it."""
+    config = report.config
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "environment": report.environment,
+        "config": {
+            "suites": {s.name: [p.id for p in s.prompts] for s in config.suites},
+            "rows": [
+                {"name": r.name, "method": r.method, "k": r.k}
+                | {"sampling_override": r.sampling is not None}
+                for r in config.rows
+            ],
+            "temperatures": list(config.temperatures),
+            "top_p": config.top_p,
+            "top_k": config.top_k,
+            "max_tokens": config.max_tokens,
+            "repeats": config.repeats,
+            "warmup": config.warmup,
+            "seed": config.seed,
+            "chat_template": config.chat_template,
+            # Methods run with other than their defaults: their options.
+            "options": {type(o).__name__: asdict(o) for o in config.options},
+        },
+        "costs": report.costs.as_dict() if report.costs is not None else None,
+        "results": [record_data(r) for r in report.results],
+        "summary": [record_data(s) for s in report.summary],
+    }
+
+
+def header_lines(report: Report) -> list[str]:
     """The environment, one fact per line."""
-    env, costs = report["environment"], report.get("costs")
+    env = report.environment
+    costs = report.costs.as_dict() if report.costs is not None else None
     lines = [
         f"specmlx {env['specmlx']} · mlx {env['mlx']} · mlx-lm {env['mlx_lm']} · "
         f"python {env['python']}",
@@ -90,19 +144,20 @@ def header_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(report: dict[str, Any]) -> Group:
+def render(report: Report) -> Group:
     """The header and the table as one Rich renderable."""
     table = Table(
         title="specmlx bench: decode tok/s; speedups are medians of per-prompt ratios",
-        caption="accept: ours, accepted / drafted; mlx-lm, share of its tokens from the draft. "
+        caption="× none: over our target alone; × best plain: over the faster of none and "
+        "mlx-lm plain on each prompt. accept: ours, accepted / drafted; mlx-lm, share of its tokens from the draft. "
         "α: Leviathan's per-token acceptance fitted to tok/call; predicted: his speedup at "
-        "that α with the measured c and v. matched: T=0 output equals the target alone's, "
-        "token for token, on every prompt.",
+        "that α with the measured c and v. matched: T=0 output equals the target alone's "
+        "(none's: mlx-lm plain's), token for token, on every prompt.",
     )
     for title, _, _ in COLUMNS:
         table.add_column(title, justify="left" if title in ("suite", "row") else "right")
     previous = None
-    for line in report["summary"]:
+    for line in map(record_data, report.summary):
         group = (line["temperature"], line["suite"])
         if previous is not None and group != previous:
             table.add_section()
@@ -111,12 +166,12 @@ def render(report: dict[str, Any]) -> Group:
     return Group(Text("\n".join(header_lines(report)), style="dim"), table)
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(report: Report) -> str:
     """The header and the table as Markdown, for results/ and the README."""
     lines = [f"- {line}" for line in header_lines(report)] + [""]
     lines.append("| " + " | ".join(title for title, _, _ in COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))
-    for line in report["summary"]:
+    for line in map(record_data, report.summary):
         lines.append("| " + " | ".join(_cell(line[key], fmt) for _, key, fmt in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
@@ -129,15 +184,15 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def to_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=1) + "\n"
+def to_json(report: Report) -> str:
+    return json.dumps(as_data(report), indent=1) + "\n"
 
 
-def to_csv(report: dict[str, Any]) -> str:
+def to_csv(report: Report) -> str:
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for line in report["summary"]:
+    for line in map(record_data, report.summary):
         writer.writerow({key: "" if line[key] is None else line[key] for key in CSV_FIELDS})
     return out.getvalue()
 
@@ -175,28 +230,28 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         raise
 
 
-def plot_png(report: dict[str, Any]) -> bytes:
+def plot_png(report: Report) -> bytes:
     """Speedup over the target alone and fitted α, per row and suite, a column per T."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    temperatures = report["config"]["temperatures"]
+    temperatures = report.config.temperatures
     fig, axes = plt.subplots(
         2, len(temperatures), figsize=(6 * len(temperatures), 7), squeeze=False
     )
     for col, temperature in enumerate(temperatures):
-        lines = [s for s in report["summary"] if s["temperature"] == temperature]
-        suites = list(dict.fromkeys(s["suite"] for s in lines))
-        rows = [r for r in dict.fromkeys(s["row"] for s in lines) if r != "none"]
+        lines = [s for s in report.summary if s.temperature == temperature]
+        suites = list(dict.fromkeys(s.suite for s in lines))
+        rows = [r for r in dict.fromkeys(s.row for s in lines) if r != NONE]
         width = 0.8 / max(len(rows), 1)
         # α, not the acceptance column: it is defined alike for every row, mlx-lm included.
         for metric, ax in zip(("speedup_vs_none", "alpha"), axes[:, col], strict=True):
             for i, row in enumerate(rows):
-                values = {s["suite"]: s[metric] for s in lines if s["row"] == row}
+                values = {s.suite: getattr(s, metric) for s in lines if s.row == row}
                 xs = [j + i * width for j in range(len(suites))]
-                ax.bar(xs, [values.get(s) or 0 for s in suites], width, label=row)
+                ax.bar(xs, [values.get(s) or 0 for s in suites], width, label=row.name)
             ax.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(suites))], suites)
             title = "speedup vs none" if metric == "speedup_vs_none" else "α (fitted acceptance)"
             ax.set_title(f"{title}, T={temperature:g}")

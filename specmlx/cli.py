@@ -29,7 +29,7 @@ from specmlx.cli_options import (
     parse_ks,
     with_options,
 )
-from specmlx.errors import SpecmlxError, UsageError
+from specmlx.errors import SpecmlxError
 from specmlx.methods import METHODS, methods_help
 
 if TYPE_CHECKING:
@@ -381,11 +381,6 @@ def bench(
     from specmlx.suites import load_prompts_file, load_suite, suite_names
 
     # Everything that can be wrong with the options fails here, before any model loads.
-    if flags := opts.method_flags.flags_given():
-        # bench.RowSpec carries no method options yet: every row runs its method's defaults.
-        raise UsageError(
-            f"bench runs each method with its default options; drop {', '.join(flags)}"
-        )
     suites = [load_prompts_file(prompts, limit)] if prompts is not None else []
     if suite or prompts is None:
         suites += [load_suite(name, limit) for name in suite_names(suite or ["all"])]
@@ -407,6 +402,7 @@ def bench(
         warmup=warmup,
         seed=seed,
         chat_template=not no_chat_template,
+        options=opts.method_flags.options_among([METHODS[m] for m in dict.fromkeys(methods)]),
     )
     for t in config.temperatures:
         config.sampling(t)  # validates the sampler settings

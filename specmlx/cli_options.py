@@ -186,6 +186,25 @@ class MethodFlags:
             **{_METHOD_FLAGS[flag][1]: getattr(self, flag) for flag in self.given()}
         )
 
+    def options_among(self, methods: list[Method]) -> tuple[MethodOptions, ...]:
+        """For a bench of several methods: the options of each method that was given any
+        (the others run with their defaults); an option of a method not benched is an
+        error."""
+        owners = {flag: _owner(_METHOD_FLAGS[flag][0]) for flag in self.given()}
+        for flag, owner in owners.items():
+            if owner not in methods:
+                raise UsageError(
+                    f"{_flag_name(flag)} is an option of --method {owner.name}, "
+                    "which this bench does not run"
+                )
+        return tuple(
+            m.options(
+                **{_METHOD_FLAGS[f][1]: getattr(self, f) for f, o in owners.items() if o is m}
+            )
+            for m in methods
+            if m in owners.values()
+        )
+
 
 @dataclass(frozen=True)
 class SharedOptions:

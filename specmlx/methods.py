@@ -47,9 +47,7 @@ class NgramOptions:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
-            raise UsageError(
-                f"need 1 <= ngram-min <= ngram-max, got {self.min_n} and {self.max_n}"
-            )
+            raise UsageError(f"need 1 <= ngram-min <= ngram-max, got {self.min_n} and {self.max_n}")
 
 
 @dataclass(frozen=True)
@@ -112,7 +110,9 @@ METHODS: dict[str, Method] = {
         Method("none", "plain decoding, the baseline", NoOptions, False, _none),
         Method("draft", "a small draft model of the same tokenizer", DraftOptions, True, _draft),
         Method("ngram", "prompt lookup, no draft model", NgramOptions, False, _ngram),
-        Method("lookahead", "Lookahead decoding, no draft model", LookaheadOptions, False, _lookahead),
+        Method(
+            "lookahead", "Lookahead decoding, no draft model", LookaheadOptions, False, _lookahead
+        ),
     )
 }
 

@@ -205,7 +205,7 @@ def test_prompt_longer_than_context(odd_dirs):
     ("args", "needle"),
     [
         (["--method", "medusa"], "unknown method 'medusa'"),
-        (["--window", "7"], "bench runs each method with its default options; drop --window"),
+        (["--window", "7"], "--window is an option of --method lookahead, which this bench"),
         (["--method", "ngram", "--target", "t", "--draft", "d"], "--draft is not used"),
         (["-k", "0"], "k must be between 1 and 64"),
         (["--top-p", "0"], "top-p must be in (0, 1]"),

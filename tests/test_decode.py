@@ -43,7 +43,9 @@ def run(target, tokenizer, prompt, drafter, k, max_tokens=24, sampling=GREEDY, p
     ids = tokenizer.encode(prompt)
     policy = FixedK(k, p_min)
     steps = list(
-        decode(Sequence(target), ids, drafter, policy=policy, max_tokens=max_tokens, sampling=sampling)
+        decode(
+            Sequence(target), ids, drafter, policy=policy, max_tokens=max_tokens, sampling=sampling
+        )
     )
     return [t for s in steps for t in s.tokens], steps
 

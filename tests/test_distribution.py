@@ -18,10 +18,10 @@ from scipy.stats import chisquare
 from specmlx import verify
 from specmlx.cache import Sequence
 from specmlx.decode import decode
-from specmlx.policy import FixedK
 from specmlx.drafters.draft_model import DraftModelDrafter
 from specmlx.drafters.lookahead import LookaheadDrafter
 from specmlx.drafters.ngram import NgramDrafter
+from specmlx.policy import FixedK
 from specmlx.sampling import SamplingConfig, warp
 
 RUNS = 2500

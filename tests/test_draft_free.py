@@ -10,9 +10,9 @@ import pytest
 
 from specmlx.cache import Sequence
 from specmlx.decode import decode
-from specmlx.policy import FixedK
 from specmlx.drafters.lookahead import LookaheadDrafter
 from specmlx.drafters.ngram import NgramDrafter, NgramIndex
+from specmlx.policy import FixedK
 from specmlx.sampling import SamplingConfig
 from specmlx.tree import Tree, TreeBuilder
 from tests.test_decode import PROMPTS
@@ -26,9 +26,9 @@ DRAFTERS = {
 
 
 def run(target, ids, drafter, k=4, n=24, sampling=GREEDY):
-    steps = list(decode(
-            Sequence(target), ids, drafter, policy=FixedK(k), max_tokens=n, sampling=sampling
-        ))
+    steps = list(
+        decode(Sequence(target), ids, drafter, policy=FixedK(k), max_tokens=n, sampling=sampling)
+    )
     return [t for s in steps for t in s.tokens], steps
 
 

@@ -30,7 +30,10 @@ def compute_bound(c: float = 0.35) -> CostProfile:
 
 def noisy(profile: CostProfile, rng: random.Random, spread: float = 0.15) -> CostProfile:
     """The same costs as a second calibration might measure them: each point off by ±spread."""
-    v = {n: (1.0 if n == 1 else r * rng.uniform(1 - spread, 1 + spread)) for n, r in profile.v.items()}
+    v = {
+        n: (1.0 if n == 1 else r * rng.uniform(1 - spread, 1 + spread))
+        for n, r in profile.v.items()
+    }
     draft = profile.draft_call_seconds * rng.uniform(1 - spread, 1 + spread)
     return CostProfile(profile.target_call_seconds, draft, v)
 
@@ -103,7 +106,9 @@ def test_a_slow_spell_does_not_send_it_plain_while_drafts_are_kept(traits):
     truth = memory_bound()
     policy = AdaptiveK(truth, traits)
     # Everything runs twice as slow for 20 steps, as when another process takes the cores.
-    ks = simulate(policy, traits, truth, lambda s: 0.95, 80, rng, slow=lambda s: 2.0 if 20 <= s < 40 else 1.0)
+    ks = simulate(
+        policy, traits, truth, lambda s: 0.95, 80, rng, slow=lambda s: 2.0 if 20 <= s < 40 else 1.0
+    )
     assert sum(k == 0 for k in ks) <= 2, ks
 
 
@@ -128,7 +133,7 @@ def test_falls_back_when_drafts_are_rejected_and_probes_ever_less_often():
     assert ks[10:20].count(0) >= 5
     assert ks[-50:].count(0) >= 48
     probes = [i for i, k in enumerate(ks) if k > 0 and i > 20]
-    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
 
 

@@ -66,7 +66,9 @@ def test_one_sync_per_step_at_a_fixed_k(llama, method, sampling):
         "lookahead": lambda: LookaheadDrafter(3, 3, 3),
     }[method]()
     ids = tokenizer.encode(PROMPTS[20])  # repetitive: the n-gram drafter finds matches
-    counts, drafted = syncs_per_step(target, ids, drafter, FixedK(0 if method == "none" else 4), sampling)
+    counts, drafted = syncs_per_step(
+        target, ids, drafter, FixedK(0 if method == "none" else 4), sampling
+    )
     assert counts and all(count == 1 for count in counts), counts
     if method != "none":
         assert any(drafted)

@@ -21,9 +21,7 @@ class DraftModelDrafter:
 
     # A draft model of the target's family agrees with it on most tokens: Leviathan et al.
     # (2023) report acceptance rates of 0.5-0.9 for such pairs; the policy starts in between.
-    traits = DrafterTraits(
-        "draft", uses_model=True, prior_acceptance=0.7, reports_confidence=True
-    )
+    traits = DrafterTraits("draft", uses_model=True, prior_acceptance=0.7, reports_confidence=True)
 
     def __init__(self, model: nn.Module, sampling: SamplingConfig, vocab_size: int):
         self.sequence = Sequence(model)
