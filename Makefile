@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-code bench-draft-free bench-stock-blas bench-gpu openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-stock-blas bench-gpu openblas clean
 
 install: .venv/.installed
 
@@ -49,11 +49,9 @@ bench: models openblas
 	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
 		-k 1 -k 4 -k 8 -k auto --mlx-lm-k 4 --max-tokens 48 $(call BENCH_OUT,bench)
 
-# Five code prompts, 64 tokens, greedy and T=1: our draft loop beside mlx-lm's.
-bench-code: models openblas
-	mkdir -p results
-	$(PRELOAD) $(SPECMLX) bench --suite code --limit 5 --temp 0 --temp 1.0 -k 4 \
-		--max-tokens 64 $(call BENCH_OUT,bench-code)
+# specmlx's own cost per step (host ms, host syncs) on tiny random models: no real model.
+bench-overhead: install
+	$(SPECMLX) bench --overhead
 
 # On a GPU (Apple silicon, or CUDA with mlx[cuda13]): the pair in 4-bit, every method.
 GPU_PAIR = models/local/qwen2.5-coder-1.5b-4bit models/local/qwen2.5-coder-0.5b-4bit

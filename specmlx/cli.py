@@ -139,7 +139,13 @@ def models() -> None:
     from rich.filesize import decimal
     from rich.table import Table
 
-    from specmlx.registry import folder_size, load_registry, local_model_dir, models_dir
+    from specmlx.registry import (
+        folder_size,
+        load_registry,
+        local_model_dir,
+        local_model_present,
+        models_dir,
+    )
 
     registry = load_registry()
     table = Table(title=f"Models (local copies in {models_dir() / 'local'})", title_justify="left")
@@ -148,7 +154,7 @@ def models() -> None:
         table.add_column(column, overflow="fold")
     for entry in registry.models.values():
         local = local_model_dir(entry.alias)
-        present = (local / "config.json").is_file()
+        present = local_model_present(entry.alias)
         table.add_row(
             entry.alias,
             entry.architecture,

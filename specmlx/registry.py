@@ -175,19 +175,6 @@ def _parse_model(alias: str, spec: dict) -> ModelEntry:
     )
 
 
-def get_model(alias: str) -> ModelEntry:
-    """The registry entry for `alias` (a one-line error listing the aliases otherwise)."""
-    return load_registry().get(alias)
-
-
-def aliases() -> tuple[str, ...]:
-    return load_registry().aliases
-
-
-def pairs() -> tuple[Pair, ...]:
-    return load_registry().pairs
-
-
 def default_pair() -> Pair:
     """The pair used when no model is named; unpacks as `target, draft`."""
     return load_registry().default_pair()

@@ -62,10 +62,6 @@ class Tree:
             rows.append(row)
         return mx.array(rows)
 
-    @classmethod
-    def chain(cls, length: int) -> Tree:
-        return cls(tuple(range(length)))
-
 
 class TreeBuilder:
     """Grows a tree one token at a time, merging a token its parent already has."""

@@ -25,6 +25,11 @@ DRAFTERS = {
 }
 
 
+def chain_tree(length: int) -> Tree:
+    """A tree that is one path: node i + 1 under node i."""
+    return Tree(tuple(range(length)))
+
+
 def run(target, ids, drafter, k=4, n=24, sampling=GREEDY):
     steps = list(
         decode(Sequence(target), ids, drafter, policy=FixedK(k), max_tokens=n, sampling=sampling)
@@ -134,6 +139,6 @@ def test_tree_call_scores_every_path_as_a_sequence(tiny_dirs):
 
 
 def test_tree_chain_is_a_chain():
-    tree = Tree.chain(3)
+    tree = chain_tree(3)
     assert tree.depths == (0, 1, 2, 3)
     assert tree.children == ((1,), (2,), (3,), ())

@@ -43,7 +43,7 @@ def test_default_pair_is_the_qwen_coders_and_unpacks():
     target, draft = registry.default_pair()
     assert (target, draft) == ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
     assert registry.default_pair().default
-    assert registry.default_pair() in registry.pairs()
+    assert registry.default_pair() in registry.load_registry().pairs
 
 
 def test_the_registry_is_a_regular_file_in_the_package():
@@ -68,7 +68,7 @@ def test_package_data_includes_the_registry():
 
 def test_unknown_alias_lists_the_known_ones():
     with pytest.raises(SpecmlxError) as info:
-        registry.get_model("llama-9000")
+        registry.load_registry().get("llama-9000")
     message = str(info.value)
     assert "\n" not in message and "llama-9000" in message
     assert all(alias in message for alias in ALIASES)

@@ -14,7 +14,7 @@ from huggingface_hub import errors as hub_errors
 
 from specmlx import resolve
 from specmlx.errors import SpecmlxError
-from specmlx.registry import get_model
+from specmlx.registry import load_registry
 from specmlx.resolve import resolve_model
 
 
@@ -119,7 +119,7 @@ def test_alias_without_local_copy_goes_to_its_hub_repo(folders, monkeypatch):
     hub = FakeHub(folders)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
     path = resolve_model("qwen2.5-coder-0.5b", progress=False)
-    repo = get_model("qwen2.5-coder-0.5b").hf_repo
+    repo = load_registry().get("qwen2.5-coder-0.5b").hf_repo
     assert (path / "config.json").is_file()
     assert hub.calls == [(repo, True), (repo, False)]
 
@@ -157,7 +157,7 @@ def test_hub_down_for_an_alias_names_its_fetch_command(folders, monkeypatch):
     with pytest.raises(SpecmlxError, match="specmlx fetch gemma3-270m"):
         resolve_model("gemma3-270m")
     with pytest.raises(SpecmlxError, match="specmlx fetch gemma3-270m"):  # its Hub id too
-        resolve_model(get_model("gemma3-270m").hf_repo)
+        resolve_model(load_registry().get("gemma3-270m").hf_repo)
 
 
 def test_missing_hub_repo_and_non_model_repo(folders, monkeypatch):

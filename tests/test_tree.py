@@ -19,6 +19,11 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 2
 PATHS = [[5, 6, 7], [5, 9], [8], [8, 10, 11, 12]]
 
 
+def chain_tree(length: int) -> Tree:
+    """A tree that is one path: node i + 1 under node i."""
+    return Tree(tuple(range(length)))
+
+
 def module_graph(model: nn.Module) -> list[tuple[str, int]]:
     """Every module by path and identity: equal lists mean the same object graph."""
     return [(name, id(module)) for name, module in model.named_modules()]
@@ -83,9 +88,9 @@ def test_the_model_is_unchanged_after_a_tree_call_that_raises(tiny_dirs):
     seq = Sequence(model)
     seq.sync(ids)
     with pytest.raises(ValueError):  # three inputs for a tree of four nodes: shapes clash
-        seq.forward(mx.array([ids[-1], 5, 6], mx.uint32), tree=Tree.chain(3))
+        seq.forward(mx.array([ids[-1], 5, 6], mx.uint32), tree=chain_tree(3))
     cache = make_cache(model)
-    with pytest.raises(KeyboardInterrupt), tree_call(model, cache, Tree.chain(2)):
+    with pytest.raises(KeyboardInterrupt), tree_call(model, cache, chain_tree(2)):
         assert not no_positioned_ropes(model)  # inside, the ropes are wrapped
         raise KeyboardInterrupt
     assert no_positioned_ropes(model)
@@ -98,7 +103,7 @@ def test_caches_without_a_tree_mask_are_refused_untouched(tiny_dirs):
     model, _ = mlx_lm.load(str(tiny_dirs["llama"]))
     graph = module_graph(model)
     with pytest.raises(SpecmlxError, match="tree drafting needs attention KV caches"):
-        with tree_call(model, make_prompt_cache(model), Tree.chain(2)):
+        with tree_call(model, make_prompt_cache(model), chain_tree(2)):
             pytest.fail("the block must not run")
     assert module_graph(model) == graph
 
@@ -115,7 +120,7 @@ def test_rope_holders_are_found_once_per_model(tiny_dirs, monkeypatch):
     monkeypatch.setattr(nn.Module, "named_modules", counting)
     cache = make_cache(model)
     for _ in range(3):
-        with tree_call(model, cache, Tree.chain(2)):
+        with tree_call(model, cache, chain_tree(2)):
             pass
     assert walks == [id(model)]
     monkeypatch.undo()
