@@ -11,7 +11,8 @@ baselines; the report measures speedups against each (see `specmlx.bench_summary
 Every row is timed the same way, by this module's clock: time to first token runs from the
 call to the first target step's output (prefill included), and decode tokens/s counts the
 tokens after the first step over the time after it, so neither prefill nor the first step's
-drafting skews the steady-state rate. `run` yields one `Measurement` per generation, holding
+drafting skews the steady-state rate. `plan` checks the bench command's options and makes
+its `BenchConfig`, before any model loads; `run` yields one `Measurement` per generation, holding
 the run's final `Stats` (for mlx-lm's rows, built from what mlx-lm reports);
 `specmlx.bench_summary` turns them into the report, `specmlx.bench_report` renders it.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
@@ -38,7 +40,12 @@ from specmlx.errors import UsageError
 from specmlx.methods import METHODS, MethodOptions
 from specmlx.sampling import SamplingConfig
 from specmlx.stats import Stats
-from specmlx.suites import Suite
+from specmlx.suites import Suite, load_prompts_file, load_suite, suite_names
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from specmlx.cli_options import SharedOptions
 
 MLX_LM = "mlx-lm"
 
@@ -150,6 +157,68 @@ class BenchConfig:
         prompts = sum(len(s.prompts) for s in self.suites)
         runs = len(self.temperatures) * prompts * self.repeats
         return (runs + self.warmup) * len(self.rows)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Whether a row drafts with the draft model (mlx-lm's speculative rows come only
+        with a method's that does, so the methods benched decide)."""
+        return any(row.needs_draft_model for row in self.rows)
+
+
+def plan(
+    opts: SharedOptions,
+    *,
+    suites: list[str] | None = None,
+    prompts: Path | None = None,
+    limit: int | None = None,
+    methods: list[str] | None = None,
+    ks: list[str] | None = None,
+    mlx_lm: bool = True,
+    mlx_lm_ks: list[int] | None = None,
+    temperatures: list[float] | None = None,
+    repeats: int = 1,
+    warmup: int = 1,
+    seed: int = 0,
+    chat_template: bool = True,
+    plot: Path | None = None,
+    outputs: tuple[Path | None, ...] = (),
+) -> BenchConfig:
+    """The bench command's options as a `BenchConfig`: everything that can be wrong with
+    them fails here, a one-line `UsageError`, before any model loads. None is an option not
+    given: every shipped suite (unless `prompts`), the methods that use a draft model, k = 4,
+    T = 0. `outputs` are the files to write, `plot` among them; None is one not asked for."""
+    # Here, not above: the report imports this module, the options' parser is the CLI's.
+    from specmlx import bench_report
+    from specmlx.cli_options import parse_ks
+
+    chosen = [load_prompts_file(prompts, limit)] if prompts is not None else []
+    if suites or prompts is None:
+        chosen += [load_suite(name, limit) for name in suite_names(suites or ["all"])]
+    methods = methods or [m.name for m in METHODS.values() if m.needs_draft_model]
+    rows = make_rows(methods, parse_ks(ks or ["4"]), mlx_lm, mlx_lm_ks)
+    if plot is not None:
+        bench_report.require_matplotlib()
+    for path in outputs:
+        if path is not None:
+            bench_report.check_writable(path)
+    used = [METHODS[m] for m in dict.fromkeys(methods)]
+    config = BenchConfig(
+        suites=tuple(chosen),
+        rows=rows,
+        temperatures=tuple(dict.fromkeys(temperatures or [0.0])),
+        top_p=opts.top_p,
+        top_k=opts.top_k,
+        max_tokens=opts.max_tokens,
+        repeats=repeats,
+        warmup=warmup,
+        seed=seed,
+        chat_template=chat_template,
+        options=opts.method_flags.options_among(used),
+    )
+    for temperature in config.temperatures:
+        config.sampling(temperature)  # validates the sampler settings
+    opts.models.check(used)
+    return config
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from specmlx.cli_options import (
     SeedOpt,
     SharedOptions,
     TempOpt,
-    parse_ks,
     with_options,
 )
 from specmlx.errors import SpecmlxError
@@ -136,44 +135,16 @@ def fetch(
 def models() -> None:
     """List the registry's models, whether each is fetched, and the known draft/target pairs."""
     from rich.console import Console
-    from rich.filesize import decimal
-    from rich.table import Table
 
-    from specmlx.registry import (
-        folder_size,
-        load_registry,
-        local_model_dir,
-        local_model_present,
-        models_dir,
-    )
+    from specmlx import registry
+    from specmlx.display import models_view
 
-    registry = load_registry()
-    table = Table(title=f"Models (local copies in {models_dir() / 'local'})", title_justify="left")
-    table.add_column("alias", no_wrap=True)
-    for column in ("arch", "params", "Hugging Face repo", "local", "GGUF source"):
-        table.add_column(column, overflow="fold")
-    for entry in registry.models.values():
-        local = local_model_dir(entry.alias)
-        present = local_model_present(entry.alias)
-        table.add_row(
-            entry.alias,
-            entry.architecture,
-            entry.params,
-            entry.hf_repo,
-            f"yes, {decimal(folder_size(local))}" if present else "no",
-            f"{entry.gguf.quant}, {decimal(entry.gguf.size)}",
-        )
-    pairs = Table(title="Known pairs (draft speeds up target)", title_justify="left")
-    for column in ("target", "draft", ""):
-        pairs.add_column(column, overflow="fold")
-    for pair in registry.pairs:
-        pairs.add_row(pair.target, pair.draft, "default" if pair.default else "")
-    console = Console()
-    console.print(table)
-    console.print(pairs)
-    for pair in registry.pairs:
-        if pair.note:
-            console.print(f"{pair.target} + {pair.draft}: {pair.note}", highlight=False)
+    known = registry.load_registry()
+    fetched = [alias for alias in known.models if registry.local_model_present(alias)]
+    local_bytes = {
+        alias: registry.folder_size(registry.local_model_dir(alias)) for alias in fetched
+    }
+    Console().print(models_view(known, registry.models_dir() / "local", local_bytes))
 
 
 def _load(refs: ModelRefs, config: GenerationConfig) -> Models:
@@ -380,64 +351,47 @@ def bench(
         Console().print(render(measure_overhead()))
         return
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from specmlx import bench_report
-    from specmlx.bench import BenchConfig, make_rows
-    from specmlx.suites import load_prompts_file, load_suite, suite_names
+    from specmlx.bench import plan
 
-    # Everything that can be wrong with the options fails here, before any model loads.
-    suites = [load_prompts_file(prompts, limit)] if prompts is not None else []
-    if suite or prompts is None:
-        suites += [load_suite(name, limit) for name in suite_names(suite or ["all"])]
-    methods = method or [m.name for m in METHODS.values() if m.needs_draft_model]
-    rows = make_rows(methods, parse_ks(k or ["4"]), mlx_lm, mlx_lm_k)
-    if plot is not None:
-        bench_report.require_matplotlib()
-    outputs = [p for p in (json_path, csv_path, markdown_path, plot) if p is not None]
-    for path in outputs:
-        bench_report.check_writable(path)
-    config = BenchConfig(
-        suites=tuple(suites),
-        rows=rows,
-        temperatures=tuple(dict.fromkeys(temp or [0.0])),
-        top_p=opts.top_p,
-        top_k=opts.top_k,
-        max_tokens=opts.max_tokens,
+    config = plan(
+        opts,
+        suites=suite,
+        prompts=prompts,
+        limit=limit,
+        methods=method,
+        ks=k,
+        mlx_lm=mlx_lm,
+        mlx_lm_ks=mlx_lm_k,
+        temperatures=temp,
         repeats=repeats,
         warmup=warmup,
         seed=seed,
         chat_template=not no_chat_template,
-        options=opts.method_flags.options_among([METHODS[m] for m in dict.fromkeys(methods)]),
+        plot=plot,
+        outputs=(json_path, csv_path, markdown_path, plot),
     )
-    for t in config.temperatures:
-        config.sampling(t)  # validates the sampler settings
-    # mlx-lm's rows come only with the draft model's, so the table's methods decide.
-    used = [METHODS[m] for m in dict.fromkeys(methods)]
-    opts.models.check(used)
-    needs_draft = any(m.needs_draft_model for m in used)
 
     from specmlx.api import load
     from specmlx.bench import run
     from specmlx.bench_summary import build_report
     from specmlx.calibration import load_or_measure
+    from specmlx.display import progress
     from specmlx.envinfo import environment
 
     err = Console(stderr=True)
     with err.status("loading models…"):
-        models = load(opts.models.target, opts.models.draft, default_draft=needs_draft)
+        models = load(opts.models.target, opts.models.draft, default_draft=config.needs_draft_model)
     with err.status("measuring bandwidth and call costs…"):
         env = environment(models, bandwidth_gb)
         # The same calibration adaptive k uses (measured once per device and pair, cached).
         with_draft = models.draft is not None
         profile = load_or_measure(models, with_draft)[0] if costs else None
     measurements = []
-    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=err, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=config.total_runs)
+    with progress(err, config.total_runs, "benchmarking") as advance:
         for m in run(models, config):
             measurements.append(m)
-            progress.update(task, advance=1, description=f"{m.suite} {m.prompt_id} {m.row}")
+            advance(f"{m.suite} {m.prompt_id} {m.row}")
     report = build_report(config, measurements, env, profile)
     # A log file gets the whole table, not one cut to 80 columns.
     Console(width=None if sys.stdout.isatty() else 200).print(bench_report.render(report))
@@ -464,28 +418,18 @@ def calibrate(
 ) -> None:
     """Measure (or show the cached) call costs adaptive k uses: c and v(k) for k = 1..16."""
     from rich.console import Console
-    from rich.table import Table
 
     from specmlx.api import GenerationConfig
     from specmlx.calibration import cache_file, calibration_key, load_or_measure
+    from specmlx.display import calibration_view
 
     # k=1: the costs are measured below, not by _load (once, and with --force if asked).
     models = _load(opts, GenerationConfig(method=method, k=1))
     with_draft = models.draft is not None
     with Console(stderr=True).status("calibrating…"):
         profile, fresh = load_or_measure(models, with_draft, force=force)
-    console = Console()
     where = cache_file(calibration_key(models, with_draft))
-    console.print(f"{'measured now' if fresh else 'cached'}: {where}", markup=False)
-    console.print(f"one-token target call: {profile.target_call_seconds * 1000:.1f} ms")
-    if profile.draft_call_seconds is not None:
-        console.print(
-            f"one-token draft call: {profile.draft_call_seconds * 1000:.1f} ms (c = {profile.c:.3f})"
-        )
-    table = Table("k", "k-token target call / one-token call")
-    for k_tokens, ratio in sorted(profile.v.items()):
-        table.add_row(str(k_tokens), f"{ratio:.2f}")
-    console.print(table)
+    Console().print(calibration_view(profile, fresh, where))
 
 
 def main() -> None:

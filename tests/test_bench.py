@@ -5,40 +5,22 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from specmlx.bench import MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec, make_rows, run
-from specmlx.bench_report import markdown, to_csv, to_json, write_atomic
-from specmlx.bench_summary import Report, SummaryRow, build_report
+from specmlx.bench import MLX_LM_PLAIN, NONE, BenchConfig, RowSpec, make_rows, plan, run
+from specmlx.bench_report import write_atomic
+from specmlx.bench_summary import build_report
 from specmlx.cli import app
-from specmlx.decode import Step
+from specmlx.cli_options import SharedOptions
 from specmlx.errors import UsageError
 from specmlx.sampling import SamplingConfig
-from specmlx.stats import Stats
 from specmlx.suites import SUITES, Prompt, Suite, load_prompts_file, load_suite, suite_names
+from tests.bench_helpers import by_name, fake_environment, validate
 
 runner = CliRunner()
-
-
-def schema() -> dict:
-    return json.loads(resources.files("specmlx").joinpath("data/bench.schema.json").read_text())
-
-
-def validate(report: Report | dict) -> None:
-    """The report as its JSON output holds it validates against the shipped schema."""
-    import jsonschema
-
-    data = json.loads(to_json(report)) if isinstance(report, Report) else report
-    jsonschema.Draft202012Validator(schema()).validate(data)
-
-
-def by_name(report: Report, field: str, temperature: float = 0.0) -> dict:
-    return {s.row.name: getattr(s, field) for s in report.summary if s.temperature == temperature}
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +85,7 @@ def test_a_different_sampler_does_not_match(tiny_models) -> None:
     config = BenchConfig(suites=(suite,), rows=rows, max_tokens=8, warmup=0)
     measurements = list(run(tiny_models, config))
     assert len(measurements) == config.total_runs == 6
-    report = build_report(config, measurements, _fake_environment(), None)
+    report = build_report(config, measurements, fake_environment(), None)
     validate(report)
     matched = by_name(report, "matched")
     assert matched == {"none": None, "draft k=2": True, "draft k=2 (T=50)": False}
@@ -118,23 +100,6 @@ def test_every_row_sees_the_same_seed(tiny_models) -> None:
     measurements = [m for m in run(tiny_models, config) if m.repeat >= 0]
     first, second = (m for m in measurements if m.row == RowSpec("none", sampling=warm))
     assert first.token_ids != () and first.repeat == 0 and second.repeat == 1
-
-
-def _fake_environment() -> dict:
-    model = {"path": None, "dtype": "float32", "quantization": None, "parameters": 1, "bytes": 4}
-    return {
-        "specmlx": "0",
-        "mlx": "0",
-        "mlx_lm": "0",
-        "device": "cpu",
-        "backend": "cpu",
-        "blas": "test",
-        "target": model,
-        "draft": None,
-        "bandwidth_gb_s": 1.0,
-        "bytes_per_target_call": 4,
-        "roofline_tokens_per_sec": 2.5e8,
-    }
 
 
 def test_rows_are_method_k_pairs() -> None:
@@ -215,6 +180,19 @@ def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) ->
     assert not (tmp_path / "out.csv").exists()
 
 
+def test_plan_makes_the_config_of_the_options() -> None:
+    """Options not given: the methods that use a draft model at k = 4, T = 0, every suite."""
+    config = plan(SharedOptions(max_tokens=8))
+    assert [r.name for r in config.rows] == ["none", "mlx-lm plain", "draft k=4", "mlx-lm k=4"]
+    assert config.temperatures == (0.0,) and config.max_tokens == 8 and config.needs_draft_model
+    assert [s.name for s in config.suites] == list(SUITES)
+    chosen = {"suites": ["code"], "limit": 2, "methods": ["ngram"], "ks": ["2,3"]}
+    config = plan(SharedOptions(), **chosen, temperatures=[1.0, 0.0, 1.0])  # typer's lists
+    assert [r.name for r in config.rows] == ["none", "mlx-lm plain", "ngram k=2", "ngram k=3"]
+    assert config.temperatures == (1.0, 0.0) and not config.needs_draft_model
+    assert [len(s.prompts) for s in config.suites] == [2]
+
+
 def test_empty_prompts_file(tmp_path: Path) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
@@ -246,20 +224,6 @@ def test_atomic_write_leaves_nothing_when_interrupted(monkeypatch, tmp_path: Pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_csv_and_markdown_render_missing_values() -> None:
-    from dataclasses import fields
-
-    empty = {f.name: None for f in fields(SummaryRow)}
-    empty.update(temperature=0.0, suite="code", row=NONE, acceptance_by_position=())
-    line = SummaryRow(**empty | {"prompts": 0, "runs": 0, "tokens": 0})
-    environment = _fake_environment() | {"python": "3", "cpu": "x", "cpu_count": 1}
-    config = BenchConfig(suites=(Suite("code", (Prompt("p", "x"),)),), rows=(NONE,))
-    report = Report(config, environment, None, (), (line,))
-    text = to_csv(report)
-    assert text.splitlines()[1].startswith("0.0,code,none,none,0")
-    assert "| 0 | code | none |" in markdown(report)
-
-
 def test_plot(tiny_models, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from specmlx.bench_report import plot_png
@@ -268,7 +232,7 @@ def test_plot(tiny_models, tmp_path: Path) -> None:
     config = BenchConfig(
         suites=(suite,), rows=make_rows(["draft"], [2]), temperatures=(0.0, 1.0), max_tokens=6
     )
-    report = build_report(config, list(run(tiny_models, config)), _fake_environment(), None)
+    report = build_report(config, list(run(tiny_models, config)), fake_environment(), None)
     png = plot_png(report)
     assert png.startswith(b"\x89PNG")
 
@@ -280,147 +244,13 @@ def test_auto_k_and_draft_free_rows_run_beside_fixed_k(tiny_models):
     assert names[-1] == "mlx-lm k=2"
     suite = Suite("one", (Prompt("p1", "lazy lazy lazy lazy"),))
     config = BenchConfig(suites=(suite,), rows=rows, max_tokens=10, warmup=0)
-    report = build_report(config, list(run(tiny_models, config)), _fake_environment(), None)
+    report = build_report(config, list(run(tiny_models, config)), fake_environment(), None)
     validate(report)
     matched = by_name(report, "matched")
     assert all(matched[name] for name in names)
     steady = by_name(report, "steady_speedup_vs_none")
     assert steady["none"] == pytest.approx(1.0) and steady["draft k=auto"] > 0
     assert steady["mlx-lm k=2"] is None and steady["mlx-lm plain"] is None  # no steps
-
-
-def _step(drafted: int, emitted: int, seconds: float) -> Step:
-    return Step(tuple(range(emitted)), drafted, drafted, drafted, emitted - 1, seconds, None)
-
-
-def measured(
-    row: RowSpec,
-    repeat: int,
-    steps: list[tuple[int, int, float]],
-    prompt_id: str = "p",
-    token_ids: tuple[int, ...] | None = None,
-) -> Measurement:
-    """A synthetic run: a first step of one token, then `steps` (drafted, emitted, seconds)."""
-    tokens = 1 + sum(n for _, n, _ in steps)
-    drafted = sum(d for d, _, _ in steps)
-    stats = Stats(tokens=tokens, target_calls=1 + len(steps), drafted=drafted)
-    return Measurement(
-        row=row,
-        token_ids=tuple(range(tokens)) if token_ids is None else token_ids,
-        stats=stats,
-        suite="s",
-        prompt_id=prompt_id,
-        repeat=repeat,
-        decode_tokens=tokens - 1,
-        decode_seconds=sum(s for _, _, s in steps),
-        decode_steps=tuple(_step(*step) for step in steps),
-    )
-
-
-def _synthetic_config(rows: tuple[RowSpec, ...], prompts: int = 1, repeats: int = 1):
-    suite = Suite("s", tuple(Prompt(f"p{i}", "x") for i in range(prompts)))
-    return BenchConfig(suites=(suite,), rows=rows, repeats=repeats)
-
-
-def test_steady_speedup_times_each_step_at_its_rows_median() -> None:
-    """A slow spell (steps taking three times their usual time) in one run moves the
-    measured speedup but not the steady one; the steady one is the ratio of tokens per
-    typical step time, which the test works out by hand."""
-    draft = RowSpec("draft", 4)
-    config = _synthetic_config((NONE, draft), repeats=2)
-    plain = [(0, 1, 0.5)] * 12
-    # Drafts of 4 (0.9 s, 3 tokens) and of 2 (0.7 s, 2 tokens); the second run slowed down.
-    quiet = [(4, 3, 0.9), (2, 2, 0.7), (4, 3, 0.9), (4, 3, 0.9)]
-    slow = [(4, 3, 0.9), (2, 2, 0.7), (4, 3, 2.7), (4, 3, 2.7), (2, 2, 2.1), (4, 3, 0.9)]
-    runs = [
-        measured(NONE, 0, plain),
-        measured(draft, 0, quiet),
-        measured(NONE, 1, plain),
-        measured(draft, 1, slow),
-    ]
-    report = build_report(config, runs, _fake_environment(), None)
-    validate(report)
-    row = next(line for line in report.summary if line.row == draft)
-    # Typical: a draft of 4 takes 0.9 s (median of 0.9 x5, 2.7 x2), of 2 0.7 s.
-    tokens = 11 + 16
-    steady = tokens / (7 * 0.9 + 3 * 0.7)
-    assert row.steady_speedup_vs_none == pytest.approx(steady / 2.0)
-    # Measured: the median over repeats of each run's rate, so the slow run pulls it down.
-    measured_rate = (11 / 3.4 + 16 / 10.0) / 2
-    assert row.speedup_vs_none == pytest.approx(measured_rate / 2.0)
-    assert row.speedup_vs_none < row.steady_speedup_vs_none
-    assert row.acceptance_by_position == ()  # the synthetic stats count no positions
-    header = {"python": "3", "cpu": "x", "cpu_count": 1}
-    report = replace(report, environment=report.environment | header)
-    assert "| steady × |" in markdown(report)
-
-
-def test_best_plain_speedup_uses_the_faster_baseline_per_prompt() -> None:
-    """On p0 mlx-lm plain is the faster baseline (15 tok/s against 10), on p1 none is (20
-    against 10): the draft row's 30 tok/s is 2.0 and 1.5 times the best plain."""
-    draft = RowSpec("draft", 2)
-    config = _synthetic_config((NONE, MLX_LM_PLAIN, draft), prompts=2)
-    rates = {"p0": {NONE: 10, MLX_LM_PLAIN: 15, draft: 30}, "p1": {NONE: 20, MLX_LM_PLAIN: 10}}
-    rates["p1"][draft] = 30
-    runs = [
-        measured(row, 0, [(0, 1, 1.0 / rate)] * 6, prompt_id=prompt)
-        for prompt, by_row in rates.items()
-        for row, rate in by_row.items()
-    ]
-    report = build_report(config, runs, _fake_environment(), None)
-    validate(report)
-    best = {s.row: s.speedup_vs_best_plain for s in report.summary}
-    vs_none = {s.row: s.speedup_vs_none for s in report.summary}
-    assert best[draft] == pytest.approx((2.0 + 1.5) / 2)
-    assert vs_none[draft] == pytest.approx((3.0 + 1.5) / 2)
-    assert best[NONE] == pytest.approx((10 / 15 + 1.0) / 2)
-    assert best[MLX_LM_PLAIN] == pytest.approx((1.0 + 0.5) / 2)
-    # Without mlx-lm plain, the best plain is the target alone.
-    alone = _synthetic_config((NONE, draft), prompts=2)
-    kept = [m for m in runs if m.row != MLX_LM_PLAIN]
-    report = build_report(alone, kept, _fake_environment(), None)
-    line = next(s for s in report.summary if s.row == draft)
-    assert line.speedup_vs_best_plain == pytest.approx(line.speedup_vs_none)
-
-
-def test_plain_baselines_are_matched_against_each_other() -> None:
-    """At T=0, none is checked against mlx-lm plain and every other row against none."""
-    draft = RowSpec("draft", 2)
-    config = _synthetic_config((NONE, MLX_LM_PLAIN, draft))
-    same, other = (1, 2, 3), (1, 2, 4)
-    runs = [
-        measured(NONE, 0, [(0, 1, 0.1)] * 2, token_ids=same),
-        measured(MLX_LM_PLAIN, 0, [(0, 1, 0.1)] * 2, token_ids=other),
-        measured(draft, 0, [(2, 2, 0.1)], token_ids=same),
-    ]
-    report = build_report(config, runs, _fake_environment(), None)
-    assert {s.row: s.matched for s in report.summary} == {
-        NONE: False,
-        MLX_LM_PLAIN: False,
-        draft: True,
-    }
-
-
-def test_rows_join_on_their_key_not_their_name(monkeypatch) -> None:
-    """Two rows whose display names collide (and every name changed on the way) still get
-    their own runs and the right baseline."""
-    wide = RowSpec("draft", 2, sampling=SamplingConfig(temperature=0.0, top_p=0.9))
-    narrow = RowSpec("draft", 2, sampling=SamplingConfig(temperature=0.0, top_p=0.5))
-    assert wide.name == narrow.name and wide != narrow
-    config = _synthetic_config((NONE, wide, narrow))
-    runs = [
-        measured(NONE, 0, [(0, 1, 0.1)] * 4),  # 10 tok/s
-        measured(wide, 0, [(2, 2, 0.1)] * 2),  # 20 tok/s
-        measured(narrow, 0, [(2, 4, 0.1)] * 1, token_ids=(9,) * 5),  # 40 tok/s
-    ]
-    monkeypatch.setattr(RowSpec, "name", property(lambda self: "renamed"))
-    report = build_report(config, runs, _fake_environment(), None)
-    summary = {s.row: s for s in report.summary}
-    assert summary[NONE].speedup_vs_none == pytest.approx(1.0)
-    assert summary[wide].speedup_vs_none == pytest.approx(2.0)
-    assert summary[narrow].speedup_vs_none == pytest.approx(4.0)
-    assert (summary[wide].matched, summary[narrow].matched) == (True, False)
-    assert [r.row for r in report.results] == [NONE, wide, narrow]
 
 
 def test_plain_mlx_lm_row_runs_and_matches_at_greedy(tiny_models) -> None:
@@ -434,7 +264,7 @@ def test_plain_mlx_lm_row_runs_and_matches_at_greedy(tiny_models) -> None:
     plain = [m for m in measurements if m.row == MLX_LM_PLAIN]
     assert len(plain) == 2 and all(m.stats.drafted == m.stats.accepted == 0 for m in plain)
     assert all(m.stats.target_calls == len(m.token_ids) for m in plain)
-    report = build_report(config, measurements, _fake_environment(), None)
+    report = build_report(config, measurements, fake_environment(), None)
     validate(report)
     matched = {s.row: s.matched for s in report.summary}
     assert matched[MLX_LM_PLAIN] is True and matched[NONE] is True

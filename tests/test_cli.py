@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -300,6 +301,21 @@ def test_stats_line_shows_ttft_and_acceptance_by_position():
     merged = Stats(tokens=10, target_calls=4, drafted=9, accepted=6)  # no ttft, no positions
     assert "ttft" not in stats_line(merged, "draft") and "position" not in stats_line(merged, "x")
     assert "acceptance" not in stats_line(merged, "none")
+
+
+def test_models_view_shows_what_is_fetched():
+    from rich.console import Console
+
+    from specmlx.display import models_view
+    from specmlx.registry import load_registry
+
+    registry = load_registry()
+    fetched, *missing = registry.models
+    console = Console(width=200, record=True)
+    console.print(models_view(registry, Path("/m/local"), {fetched: 2_500}))
+    text = console.export_text()
+    assert "local copies in /m/local" in text and "yes, 2.5 kB" in text
+    assert text.count(" no ") == len(missing) and registry.pairs[0].note[:40] in text
 
 
 def test_help_imports_no_heavy_library():
