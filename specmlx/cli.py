@@ -30,6 +30,7 @@ from specmlx.cli_options import (
 )
 from specmlx.errors import SpecmlxError
 from specmlx.methods import METHODS, methods_help
+from specmlx.server.command import serve
 
 if TYPE_CHECKING:
     from specmlx.api import GenerationConfig, Models
@@ -430,6 +431,10 @@ def calibrate(
         profile, fresh = load_or_measure(models, with_draft, force=force)
     where = cache_file(calibration_key(models, with_draft))
     Console().print(calibration_view(profile, fresh, where))
+
+
+# The OpenAI-compatible server (its heavy imports happen inside the command).
+app.command()(handles_errors(serve))
 
 
 def main() -> None:
