@@ -160,10 +160,11 @@ def measure_costs(
 
 def monotone(v: dict[int, float]) -> dict[int, float]:
     """The closest non-decreasing curve (least squares, pooling adjacent sizes that break
-    the order): a 16-token call measured cheaper than a 12-token one is noise."""
+    the order): a 16-token call measured cheaper than a 12-token one is noise, and so is one
+    measured cheaper than a one-token call (v(1) = 1 by definition)."""
     blocks: list[list[float]] = []  # [sum, count]
     for k in sorted(v):
-        blocks.append([v[k], 1])
+        blocks.append([1.0 if k == 1 else max(v[k], 1.0), 1])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             total, count = blocks.pop()
             blocks[-1][0] += total

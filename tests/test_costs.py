@@ -127,3 +127,10 @@ def test_monotone_pools_sizes_that_break_the_order() -> None:
     assert values == sorted(values)
     assert v[12] == v[16] == pytest.approx(2.5)
     assert v[2] == 1.3  # sizes in order keep their own figures
+
+
+def test_monotone_keeps_a_one_token_call_at_one() -> None:
+    from specmlx.costs import monotone
+
+    v = monotone({1: 1.0, 2: 0.92, 3: 1.2})
+    assert v == {1: 1.0, 2: 1.0, 3: 1.2}
