@@ -29,6 +29,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
+from specmlx.features import FeatureSpec, capturing
 from specmlx.tree import Tree, tree_call
 
 PREFILL_STEP = 512
@@ -107,7 +108,8 @@ class Sequence:
 
     `tokens` are the confirmed tokens in the cache; `forward` may append unconfirmed ones
     (drafts under verification) whose values need not be known on the host yet; `settle`
-    confirms a prefix of those and drops the rest.
+    confirms a prefix of those and drops the rest. After `capture(spec)` every call also
+    keeps the hidden states `spec` names, one row per confirmed token (`feature_rows`).
     """
 
     def __init__(self, model: nn.Module, prefill_step: int = PREFILL_STEP):
@@ -119,6 +121,9 @@ class Sequence:
         self.trimmable = all(c.is_trimmable() for c in self.cache)
         self._checkpoint: list[Any] | None = None
         self._busy = False  # a call that changes the cache is under way
+        self.feature_spec: FeatureSpec | None = None
+        self._features: list[mx.array] = []  # chunks of rows, one row per confirmed token
+        self._pending: mx.array | None = None  # rows of the unconfirmed tokens
 
     @property
     def offset(self) -> int:
@@ -130,6 +135,39 @@ class Sequence:
         self.n_unconfirmed = 0
         self._checkpoint = None
         self._busy = False
+        self._features = []
+        self._pending = None
+
+    def capture(self, spec: FeatureSpec | None) -> None:
+        """Keep the hidden states `spec` names from now on (None: keep none).
+
+        Tokens already cached without them are dropped: the next `sync` computes them again.
+        """
+        if spec != self.feature_spec:
+            self.feature_spec = spec
+            self.reset()
+
+    def feature_rows(self, start: int = 0) -> mx.array:
+        """The kept hidden states of tokens[start:]. # (len(tokens) - start, width)"""
+        assert self.feature_spec is not None, "capture() was not asked for"
+        rows, n = [], len(self.tokens)
+        for chunk in reversed(self._features):
+            if n <= start:
+                break
+            rows.append(chunk[max(0, start - (n - chunk.shape[0])) :])
+            n -= chunk.shape[0]
+        if not rows:
+            return mx.zeros((0, 0))
+        return rows[0] if len(rows) == 1 else mx.concatenate(rows[::-1])
+
+    def _call(self, inputs: mx.array) -> mx.array:
+        """The model on `inputs` (n,) with the cache; the features go to `_pending`."""
+        if self.feature_spec is None:
+            return self.model(inputs[None], cache=self.cache)[0]
+        with capturing(self.model, self.feature_spec) as seen:
+            logits = self.model(inputs[None], cache=self.cache)[0]
+        self._pending = seen.latest()[0]
+        return logits
 
     def sync(self, context: list[int]) -> None:
         """Make the cache hold exactly context[:-1], reusing the common prefix.
@@ -143,6 +181,10 @@ class Sequence:
             if self.trimmable:
                 for c in self.cache:
                     c.trim(len(self.tokens) - keep)
+                if self.feature_spec is not None and keep:
+                    self._features = [self.feature_rows(0)[:keep]]
+                elif self.feature_spec is not None:
+                    self._features = []
                 self.tokens = self.tokens[:keep]
             else:
                 self.reset()
@@ -151,9 +193,12 @@ class Sequence:
         self._busy = True
         for start in range(0, len(rest), self.prefill_step):
             chunk = rest[start : start + self.prefill_step]
-            self.model(mx.array(chunk, mx.uint32)[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
+            self._call(mx.array(chunk, mx.uint32))
+            mx.eval([c.state for c in self.cache], [] if self._pending is None else self._pending)
             self.tokens.extend(chunk)
+            if self._pending is not None:
+                self._features.append(self._pending)
+                self._pending = None
         self._busy = False
         if rest:
             mx.clear_cache()
@@ -173,6 +218,7 @@ class Sequence:
         elif self.n_unconfirmed or self._busy:
             self.reset()
         self._busy = False
+        self._pending = None
 
     def forward(self, inputs: mx.array, tree: Tree | None = None) -> mx.array:
         """Logits for each input token, appended to the cache unconfirmed. # (n, vocab)
@@ -187,7 +233,7 @@ class Sequence:
             # in-place updates of the cache lists do not reach the checkpoint.
             self._checkpoint = [tree_map(lambda x: x, c.state) for c in self.cache]
         self.n_unconfirmed += inputs.shape[0]
-        return self.model(inputs[None], cache=self.cache)[0]
+        return self._call(inputs)
 
     def _forward_tree(self, inputs: mx.array, tree: Tree) -> mx.array:
         with tree_call(self.model, self.cache, tree):
@@ -204,6 +250,10 @@ class Sequence:
             for c in self.cache:
                 c.compact(len(self.tokens), path)
         drop = self.n_unconfirmed - len(kept)
+        if kept and self._pending is not None:
+            rows = self._pending[mx.array(path)] if path is not None else self._pending[: len(kept)]
+            self._features.append(rows)
+        self._pending = None
         self.n_unconfirmed = 0
         if drop and self.trimmable:
             for c in self.cache:

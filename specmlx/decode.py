@@ -107,6 +107,8 @@ def decode(
     after every step it holds everything generated except the newest token.
     """
     context = list(context)
+    if drafter is not None and drafter.traits.features is not None:
+        target.capture(drafter.traits.features)  # heads draft from the target's hidden states
     target.sync(context)
     policy.start()
     if drafter is None:
@@ -123,7 +125,7 @@ def decode(
         # Never accept past max_tokens: a step emits at most k + 1 tokens.
         k = min(plan.k, max_tokens - produced - 1)
         if k > 0 and not prefilled:
-            drafter.prefill(context)
+            drafter.prefill(context, target)
             prefilled = True
             start = time.perf_counter()  # a prefill, like the target's: not the step's time
         draft = drafter.propose(context, k, plan.stop) if k > 0 else None

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
 
+from specmlx.features import FeatureSpec
 from specmlx.tree import Tree
+
+if TYPE_CHECKING:
+    from specmlx.cache import Sequence
 
 # Given the drafter's own probabilities of the tokens drafted so far: draft one more?
 StopRule = Callable[[tuple[float, ...]], bool]
@@ -32,6 +36,8 @@ class DrafterTraits:
     prior_acceptance: float = 0.5
     # Its drafts carry `confidences` and it honours a stop rule passed to `propose`.
     reports_confidence: bool = False
+    # The target's hidden states it drafts from (heads): the target keeps them for it.
+    features: FeatureSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,13 @@ class Drafter(Protocol):
 
     traits: DrafterTraits
 
-    def prefill(self, context: list[int]) -> None:
-        """Take in the context; its last token is the input of the next `propose`."""
+    def prefill(self, context: list[int], target: Sequence) -> None:
+        """Take in the context; its last token is the input of the next `propose`.
+
+        `target` holds context[:-1]; a drafter with `traits.features` reads the target's
+        hidden states there (`target.feature_rows`), now and at every later proposal. No
+        drafter calls the target.
+        """
 
     def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
         """Up to k tokens to follow `context` (which ends with the last accepted token).

@@ -32,7 +32,7 @@ class DraftModelDrafter:
         self.vocab_size = vocab_size
         self._fed: list[int] = []  # inputs of the current proposal's first call
 
-    def prefill(self, context: list[int]) -> None:
+    def prefill(self, context: list[int], target: Sequence) -> None:
         self.sequence.sync(context)
 
     def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.tree import TreeBuilder
+
+if TYPE_CHECKING:
+    from specmlx.cache import Sequence
 
 
 class LookaheadDrafter:
@@ -50,7 +54,7 @@ class LookaheadDrafter:
             1 + (self.window - 1) + self.window * (self.ngram - 2) + self.guesses * (self.ngram - 1)
         )
 
-    def prefill(self, context: list[int]) -> None:
+    def prefill(self, context: list[int], target: Sequence) -> None:
         # Start the Jacobi window from tokens of the context, as llama.cpp does.
         self.levels = [
             [self._random.choice(context) for _ in range(self.window)]

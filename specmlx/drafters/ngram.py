@@ -9,9 +9,14 @@ probes however long the document.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import mlx.core as mx
 
 from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
+
+if TYPE_CHECKING:
+    from specmlx.cache import Sequence
 
 
 class NgramIndex:
@@ -50,7 +55,7 @@ class NgramDrafter:
         self.min_n, self.max_n = min_n, max_n
         self.index = NgramIndex(min_n, max_n)
 
-    def prefill(self, context: list[int]) -> None:
+    def prefill(self, context: list[int], target: Sequence) -> None:
         if self.index.tokens != context[: len(self.index.tokens)]:
             self.index = NgramIndex(self.min_n, self.max_n)
         self.index.extend(context[len(self.index.tokens) :])
