@@ -1,0 +1,251 @@
+"""EAGLE-2 drafting (Li et al. 2024): a dynamic token tree grown by an EAGLE head.
+
+The head has its own KV cache over draft positions j, each fed (embedding of token j+1,
+f_j) with f_j the target's real hidden state. A proposal first feeds the positions the
+cache lacks: the tokens of the last accepted path, and any the loop decoded plainly in
+between (the drafter is not told of those, the target's feature rows cover them). The last
+position's output predicts the token after `last`: the root's children.
+
+Then the tree grows level by level. Each level's frontier (the `width` nodes of highest
+cumulative draft probability among the children of the last level) goes into the head in
+ONE call, every node at the position of its depth and attending to the prefix and its
+ancestors, which sit in the cache from earlier levels. After `depth` levels (never deeper
+than the k the loop asks for) all generated nodes are reranked by cumulative probability
+and the best tree_size - 1 kept: a node never scores above its parent, so a kept node's
+ancestors are kept too. EAGLE-2 observes that this draft confidence approximates the
+chance a node is accepted, which also lets `best_tree_size` size the tree from costs.
+
+The whole tree is built lazily: the one host sync of a proposal reads every candidate at
+the end (tokens, scores, parents in one transfer). The tree's entries in the draft cache
+are dropped in `commit`: the next proposal feeds the accepted tokens again, with the
+target's real features instead of the predicted ones, as EAGLE does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import mlx.core as mx
+
+from specmlx.cache import common_prefix
+from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.errors import UsageError
+from specmlx.features import FeatureSpec
+from specmlx.heads.base import HeadsConfig
+from specmlx.tree import TreeBuilder
+
+if TYPE_CHECKING:
+    from specmlx.cache import Sequence as TargetSequence
+
+PREFILL_STEP = 512
+
+
+class FeatureHead(Protocol):
+    """What the drafter needs of a head: `specmlx.heads.eagle.EagleHead`, or `Eagle3Head`."""
+
+    config: HeadsConfig
+
+    @property
+    def d2t(self) -> mx.array | None: ...  # (V_d,) target ids of the draft vocabulary
+
+    def __call__(
+        self,
+        features: mx.array,
+        tokens: mx.array,
+        cache: list[Any] | None = None,
+        positions: mx.array | None = None,
+        mask: mx.array | None = None,
+    ) -> mx.array: ...  # (n, F), (n,) -> (n, d): predicted next features
+
+    def logits(self, hidden: mx.array) -> mx.array: ...  # (n, d) -> (n, V_d)
+
+    def make_cache(self) -> list[Any]: ...
+
+
+def best_tree_size(
+    cum_probs_sorted: Sequence[float], verify_cost: Callable[[int], float], step_cost: float
+) -> int:
+    """How many of the best nodes to verify: n maximizing tokens per unit of time,
+
+        (1 + sum of the first n cumulative probabilities) / (verify_cost(n + 1) + step_cost)
+
+    The sum is the expected number of accepted drafts when each node's cumulative draft
+    probability is its chance of acceptance (EAGLE-2's observation), the 1 the target's own
+    token; verify_cost(m) prices a target call over m tokens (root included) and step_cost
+    the drafting, in the same unit. The smallest best n wins ties; 0: drafting does not pay.
+
+    cum_probs_sorted # (N,) non-increasing, as the drafter ranks its nodes
+    """
+    best_n, best_rate, tokens = 0, 1.0 / (verify_cost(1) + step_cost), 1.0
+    for n, prob in enumerate(cum_probs_sorted, start=1):
+        tokens += prob
+        rate = tokens / (verify_cost(n + 1) + step_cost)
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    return best_n
+
+
+class EagleDrafter:
+    """EAGLE-2 dynamic trees from one EAGLE head.
+
+    tree_size: most nodes a proposal holds, root included. depth: most levels (tokens on a
+    path). width: frontier nodes expanded per level, and children drawn from each. Given a
+    `verify_cost` (target call cost by tokens, as `CostProfile.verify_cost`) and the
+    drafting's own `step_cost`, each proposal keeps the `best_tree_size` of its nodes,
+    tree_size - 1 at most. The defaults are smaller than EAGLE-2's (60 nodes, width 10) on
+    datacenter GPUs: on a Mac a target call's cost rises sooner with the tokens it scores.
+    """
+
+    # EAGLE (Li et al. 2024) reports a trained head's first drafted token accepted ~0.8 of
+    # the time on chains; a tree's first level does better, a head trained briefly on our
+    # own data worse: the policy starts between the midpoint and that.
+    PRIOR_ACCEPTANCE = 0.7
+
+    def __init__(
+        self,
+        head: FeatureHead,
+        tree_size: int = 32,
+        depth: int = 6,
+        width: int = 8,
+        verify_cost: Callable[[int], float] | None = None,
+        step_cost: float = 0.0,
+    ):
+        if tree_size < 2 or depth < 1 or width < 1:
+            raise UsageError("EAGLE trees need tree_size >= 2, depth >= 1 and width >= 1")
+        self.head = head
+        self.tree_size, self.depth = tree_size, depth
+        self.width = min(width, head.config.draft_vocab)  # children per node: distinct tokens
+        self.verify_cost, self.step_cost = verify_cost, step_cost
+        self.cache = head.make_cache()
+        self.target: TargetSequence | None = None
+        # Draft positions j < n_consumed are in the cache, all from confirmed tokens; position
+        # j read tokens x_0..x_{j+1}, which `_context` keeps to tell when they still hold.
+        self.n_consumed = 0
+        self._context: list[int] = []
+        # Its levels are priced as the step's overhead, which the policy learns: it runs no
+        # model per drafted token.
+        self.traits = DrafterTraits(
+            "eagle",
+            tree_size=tree_size,
+            prior_acceptance=self.PRIOR_ACCEPTANCE,
+            features=FeatureSpec(head.config.feature_layers),
+        )
+
+    def prefill(self, context: list[int], target: TargetSequence) -> None:
+        """Feed every position but the last (whose output `propose` needs), in chunks.
+
+        What an earlier response left in the cache is kept as far as its tokens match.
+        """
+        self.target = target
+        self._reuse(context)
+        end = len(context) - 2
+        while self.n_consumed < end:
+            self._feed(context, min(self.n_consumed + PREFILL_STEP, end))
+            mx.eval(self.cache[0].state)
+
+    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
+        """A tree of at most tree_size nodes, min(depth, k) levels deep. One host sync."""
+        assert self.target is not None, "propose before prefill"
+        assert len(self.target.tokens) == len(context) - 1, "the target must hold context[:-1]"
+        self._reuse(context)
+        root = self._feed(context, len(context) - 1)[-1:]  # predicts the token after `last`
+        ids, scores, parents = self._grow(root, min(self.depth, k))
+        host = mx.concatenate(
+            [self._target_ids(ids).astype(mx.float32), scores, parents.astype(mx.float32)]
+        ).tolist()  # the proposal's one sync; token ids below 2**24 are exact in float32
+        n = len(host) // 3
+        tokens, cum_scores, parent_of = host[:n], host[n : 2 * n], host[2 * n :]
+        # Best first; a tie puts the parent (earlier) first, so a kept node's parent is kept.
+        order = sorted(range(n), key=lambda i: (-cum_scores[i], i))[: self.tree_size - 1]
+        if self.verify_cost is not None:
+            probs = [math.exp(cum_scores[i]) for i in order]
+            order = order[: best_tree_size(probs, self.verify_cost, self.step_cost)]
+        builder, node_of = TreeBuilder(), {-1: 0}
+        for i in order:
+            node_of[i] = builder.add(node_of[int(parent_of[i])], int(tokens[i]))
+        return Draft(mx.array(builder.tokens, mx.uint32), tree=builder.tree())
+
+    def commit(self, verdict: Verdict) -> None:
+        """Drop the tree from the cache: the accepted tokens come back with real features."""
+        self._rewind(self.n_consumed)
+
+    # -- the cache -------------------------------------------------------------------------
+
+    def _reuse(self, context: list[int]) -> None:
+        """Keep the positions whose tokens `context` still has, at most len(context) - 2 so
+        that a proposal always feeds one (its output is the root's prediction)."""
+        held = len(self._context)
+        same = held if context[:held] == self._context else common_prefix(self._context, context)
+        self._rewind(max(0, min(self.n_consumed, same - 1, len(context) - 2)))
+
+    def _rewind(self, keep: int) -> None:
+        cache = self.cache[0]
+        if cache.offset > keep:
+            cache.trim(cache.offset - keep)  # tree entries, or positions of another context
+        self.n_consumed = keep
+        self._context = self._context[: keep + 1]
+
+    def _feed(self, context: list[int], end: int) -> mx.array:
+        """Feed positions n_consumed..end-1: (f_j, token j+1). # (end - n_consumed, d)"""
+        start = self.n_consumed
+        rows = self.target.feature_rows(start)[: end - start]  # (end - start, F)
+        tokens = mx.array(context[start + 1 : end + 1], mx.uint32)
+        hidden = self.head(rows, tokens, self.cache)
+        self.n_consumed = end
+        self._context = context[: end + 1]
+        return hidden
+
+    # -- the tree --------------------------------------------------------------------------
+
+    def _grow(self, root: mx.array, levels: int) -> tuple[mx.array, mx.array, mx.array]:
+        """Every candidate node, lazily: its draft-vocab id, its log cumulative probability,
+        and its parent (the index of an earlier candidate, -1 for the root).
+
+        root # (1, d) the predicted feature after `last`
+        """
+        w = self.width
+        ids, scores = _top(self._log_probs(root), w)  # (1, w): level 1, all of it the frontier
+        ids, scores = ids[0], scores[0]
+        all_ids, all_scores, all_parents = [ids], [scores], [mx.full((w,), -1, mx.int32)]
+        frontier = mx.arange(w, dtype=mx.int32)  # the frontier's candidate indices
+        hidden = mx.broadcast_to(root, (w, root.shape[-1]))  # its parents' outputs
+        # The frontier's ancestors among the tree entries already in the cache.
+        ancestors = mx.zeros((w, 0), mx.bool_)  # (w, w * (level - 1))
+        prefix, n_candidates = self.cache[0].offset, w
+        for level in range(1, levels):
+            own = mx.eye(w, dtype=mx.bool_)
+            mask = mx.concatenate([mx.ones((w, prefix), mx.bool_), ancestors, own], axis=1)
+            # The frontier is at depth `level`: draft position prefix + level - 1.
+            positions = mx.full((w,), prefix + level - 1, mx.int32)
+            hidden = self.head(hidden, self._target_ids(ids), self.cache, positions, mask)
+            child_ids, child_lp = _top(self._log_probs(hidden), w)  # (w, w)
+            child_scores = (scores[:, None] + child_lp).reshape(-1)  # (w * w,)
+            all_ids.append(child_ids.reshape(-1))
+            all_scores.append(child_scores)
+            all_parents.append(mx.repeat(frontier, w))
+            # The next frontier: the best w children; `src` their parents in this level.
+            pick = mx.argpartition(-child_scores, w - 1)[:w].astype(mx.int32)
+            src = pick // w
+            frontier = n_candidates + pick
+            n_candidates += w * w
+            ids, scores = child_ids.reshape(-1)[pick], child_scores[pick]
+            hidden = hidden[src]
+            ancestors = mx.concatenate([ancestors, own], axis=1)[src]
+        return mx.concatenate(all_ids), mx.concatenate(all_scores), mx.concatenate(all_parents)
+
+    def _log_probs(self, hidden: mx.array) -> mx.array:
+        """Draft log probabilities, never above 0: a child never outscores its parent. # (n, V_d)"""
+        logits = self.head.logits(hidden).astype(mx.float32)
+        return mx.minimum(logits - mx.logsumexp(logits, axis=-1, keepdims=True), 0.0)
+
+    def _target_ids(self, ids: mx.array) -> mx.array:
+        d2t = self.head.d2t
+        return ids if d2t is None else d2t[ids]
+
+
+def _top(log_probs: mx.array, w: int) -> tuple[mx.array, mx.array]:
+    """The w best entries of each row, in no particular order: ids and values. # (n, w)"""
+    ids = mx.argpartition(-log_probs, w - 1, axis=-1)[..., :w]
+    return ids, mx.take_along_axis(log_probs, ids, axis=-1)

@@ -1,0 +1,371 @@
+"""What every kind of draft heads shares: their config, the target they fit, and their files.
+
+Heads (Medusa, EAGLE) are trained on one target's hidden states and are worthless on any
+other, so a saved folder records a `fingerprint` of its target and `load_heads` refuses a
+target that differs, in one line naming what differs. The probe of input embeddings in the
+fingerprint is compared by direction, so a quantized copy of the same target still fits.
+
+A heads module (MedusaHeads, EagleHead) has `config: HeadsConfig`, `d2t` (the target ids of
+its draft vocabulary, None for the full one) and `create(config, target_model, d2t=None)`;
+only its trainable parameters are its own weights: whatever it borrows from the target (the
+output rows, the embeddings) is kept out of them and never saved.
+
+On disk (`save_heads`): `config.json` (the HeadsConfig) and `model.safetensors` (the
+trainable weights, and "d2t" when the draft vocabulary is a subset). Published layouts
+(Medusa, EAGLE, EAGLE-3) are read where they are, by `specmlx.heads.formats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from specmlx.errors import SpecmlxError
+from specmlx.features import backbone
+
+KINDS = ("medusa", "eagle", "eagle3")
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+HUB_PATTERNS = ["*.json", "*.safetensors"]
+
+# The probe: input embeddings of PROBE_IDS ids spread over the vocabulary, first PROBE_DIMS
+# dimensions each (512 floats): enough to tell two models apart, small enough for config.json.
+PROBE_IDS = 16
+PROBE_DIMS = 32
+PROBE_MIN_COSINE = 0.9  # a 4-bit copy of the same target scores ~0.99, another model ~0
+
+# MedusaHeads or EagleHead: an nn.Module with `config` and `d2t`.
+Heads = nn.Module
+
+
+@dataclass(frozen=True)
+class HeadsConfig:
+    """Draft heads: their kind, their shapes, and the target they were trained for."""
+
+    kind: str  # "medusa" | "eagle" | "eagle3"
+    hidden_size: int  # the target's
+    target_vocab: int  # the target's output rows
+    draft_vocab: int  # V_d: the target tokens the heads score (== target_vocab: all of them)
+    feature_layers: tuple[int, ...] = ()  # FeatureSpec layers; (): the final hidden state
+    num_heads: int = 4  # medusa: tokens ahead
+    num_layers: int = 1  # medusa: residual blocks per head
+    # True: the checkpoint has its own lm_head rows (published ones do). False: the heads
+    # score through the target's output rows of the draft vocabulary, frozen, never saved.
+    own_lm_head: bool = False
+    target_args: dict = field(default_factory=dict)  # eagle: the target's config.json
+    fingerprint: dict = field(default_factory=dict)  # the target it was trained on
+    training: dict = field(default_factory=dict)  # data, steps, seed, final losses
+    source_format: str = "specmlx"  # "specmlx" | "medusa" | "eagle" | "eagle3"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise SpecmlxError(f"unknown heads kind {self.kind!r} (known: {', '.join(KINDS)})")
+        if not 0 < self.draft_vocab <= self.target_vocab:
+            raise SpecmlxError(
+                f"draft vocabulary of {self.draft_vocab} tokens for a target of "
+                f"{self.target_vocab}: it must be between 1 and the target's"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["feature_layers"] = list(self.feature_layers)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HeadsConfig:
+        """Unknown keys are ignored (a newer specmlx may add some)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = [f.name for f in dataclasses.fields(cls) if _required(f) and f.name not in data]
+        if missing:
+            raise SpecmlxError(f"heads config lacks {', '.join(missing)}")
+        values = {k: v for k, v in data.items() if k in names}
+        values["feature_layers"] = tuple(values.get("feature_layers", ()))
+        return cls(**values)
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+# --- the target -------------------------------------------------------------------------
+
+
+def _output_layer(model: nn.Module) -> nn.Module:
+    """The layer that turns the final hidden state into logits: lm_head, or the tied
+    embedding (mlx-lm models drop `lm_head` when the embeddings are tied)."""
+    return model["lm_head"] if "lm_head" in model else backbone(model).embed_tokens
+
+
+def target_vocab(model: nn.Module) -> int:
+    """The target's output rows (its vocabulary, padding included)."""
+    return _output_layer(model).weight.shape[0]  # rows, also when quantized (packed columns)
+
+
+def output_rows(model: nn.Module, d2t: mx.array | None) -> mx.array:
+    """The target's output rows for the draft vocabulary, dequantized. # (V_d, hidden)"""
+    layer = _output_layer(model)
+    if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        # Pick the quantized rows first: only V_d rows are ever dequantized.
+        pick = (lambda a: a) if d2t is None else (lambda a: a[d2t])
+        biases = layer.get("biases")
+        return mx.dequantize(
+            pick(layer.weight),
+            pick(layer.scales),
+            None if biases is None else pick(biases),
+            group_size=layer.group_size,
+            bits=layer.bits,
+            mode=layer.mode,
+        )
+    if not isinstance(layer, (nn.Linear, nn.Embedding)):
+        raise SpecmlxError(f"heads cannot read the output rows of a {type(layer).__name__}")
+    return layer.weight if d2t is None else layer.weight[d2t]
+
+
+class TargetOutput:
+    """Logits over the draft vocabulary through the target's own output layer, frozen.
+
+    A plain object, not an nn.Module: held by heads, it is none of their parameters, so it
+    is never trained, saved, cast or frozen with them. The full vocabulary of a quantized
+    target goes through its quantized layer (no dequantized copy of the whole matrix); a
+    subset is gathered once, dequantized.
+    """
+
+    def __init__(self, model: nn.Module, d2t: mx.array | None):
+        layer = _output_layer(model)
+        quantized = isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+        self._layer = layer if quantized and d2t is None else None
+        self.rows = None if self._layer is not None else output_rows(model, d2t)  # (V_d, d)
+        if self.rows is not None:
+            mx.eval(self.rows)  # gathered once, not again in every call
+        # The hidden states take the rows' dtype: a float32 head output would otherwise
+        # promote the whole (V_d, d) matrix to float32 in every call.
+        self.dtype = layer.scales.dtype if self._layer is not None else self.rows.dtype
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        """# (..., hidden) -> (..., V_d)"""
+        hidden = hidden.astype(self.dtype)
+        if self._layer is None:
+            return hidden @ self.rows.T
+        if isinstance(self._layer, nn.QuantizedEmbedding):
+            return self._layer.as_linear(hidden)
+        return self._layer(hidden)
+
+
+def fingerprint(model: nn.Module, tokenizer: Any | None) -> dict[str, Any]:
+    """What identifies a target: its shapes, its tokenizer, and a probe of its embeddings."""
+    inner = backbone(model)
+    vocab_size = target_vocab(model)
+    ids = mx.array([(2 * i + 1) * vocab_size // (2 * PROBE_IDS) for i in range(PROBE_IDS)])
+    probe = inner.embed_tokens(ids)[:, :PROBE_DIMS].astype(mx.float32)  # (16, 32)
+    return {
+        "model_type": getattr(model, "model_type", None) or model.args.model_type,
+        "hidden_size": model.args.hidden_size,
+        "num_layers": len(inner.layers),
+        "vocab_size": vocab_size,
+        "tokenizer_sha256": None if tokenizer is None else _tokenizer_sha256(tokenizer),
+        "embedding_probe": [round(v, 6) for v in probe.reshape(-1).tolist()],
+    }
+
+
+def _tokenizer_sha256(tokenizer: Any) -> str:
+    vocab = sorted(tokenizer.get_vocab().items())
+    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    text = json.dumps({"vocab": vocab, "eos": eos}, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_target(saved: dict[str, Any], model: nn.Module, tokenizer: Any | None) -> None:
+    """Raise a one-line SpecmlxError unless `model` is the target `saved` describes.
+
+    Only what `saved` records is compared (published heads record nothing); a tokenizer
+    hash is compared when both sides have one.
+    """
+    if not saved:
+        return
+    here = fingerprint(model, tokenizer)
+    for key in ("model_type", "hidden_size", "num_layers", "vocab_size", "tokenizer_sha256"):
+        if saved.get(key) is not None and here[key] is not None and saved[key] != here[key]:
+            if key == "tokenizer_sha256":
+                raise SpecmlxError("these heads were trained for a target with another tokenizer")
+            raise SpecmlxError(
+                f"these heads were trained for another target: its {key} was {saved[key]}, "
+                f"this target's is {here[key]}"
+            )
+    if saved.get("embedding_probe"):
+        cosine = _cosine(saved["embedding_probe"], here["embedding_probe"])
+        if cosine < PROBE_MIN_COSINE:
+            raise SpecmlxError(
+                "these heads were trained for another target: its embeddings differ from "
+                f"this one's (cosine {cosine:.2f}, same shapes: another seed or checkpoint?)"
+            )
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    if len(a) != len(b):
+        return 0.0
+    norms = math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / norms if norms else 0.0
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+def save_heads(heads: Heads, out_dir: str | Path) -> Path:
+    """Write `heads` to `out_dir` (config.json, model.safetensors), all or nothing.
+
+    The files go to a temporary folder beside `out_dir` that is renamed into place, so an
+    error or a Ctrl-C midway leaves `out_dir` as it was. An existing heads folder there is
+    replaced; any other existing folder is refused.
+    """
+    out_dir = Path(out_dir).expanduser()
+    if out_dir.exists() and not _replaceable(out_dir):
+        raise SpecmlxError(f"{out_dir} exists and is not a heads folder: not overwriting it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(heads.trainable_parameters()))
+    if heads.d2t is not None:
+        weights["d2t"] = heads.d2t.astype(mx.int32)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.saving-", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would become the folder's own
+    old = None
+    try:
+        mx.save_safetensors(str(staging / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
+        config = json.dumps(heads.config.to_dict(), indent=2)
+        (staging / CONFIG_FILE).write_text(config + "\n")
+        if out_dir.exists():
+            old = out_dir.with_name(f".{out_dir.name}.old-{staging.name.rsplit('-', 1)[-1]}")
+            out_dir.rename(old)
+        staging.rename(out_dir)
+    except BaseException:
+        if old is not None and not out_dir.exists():
+            old.rename(out_dir)  # put the previous heads back
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def _replaceable(folder: Path) -> bool:
+    if not folder.is_dir():
+        return False
+    entries = {p.name for p in folder.iterdir()}
+    return not entries or (entries <= {CONFIG_FILE, WEIGHTS_FILE} and _is_ours(folder))
+
+
+def _is_ours(folder: Path) -> bool:
+    try:
+        data = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "kind" in data and "draft_vocab" in data
+
+
+def load_heads(ref: str | Path, model: nn.Module, tokenizer: Any | None) -> Heads:
+    """The heads in `ref` (a folder, or a Hugging Face repo id), checked against `model`.
+
+    Our own folders are recognised by their config; Medusa, EAGLE and EAGLE-3 layouts as
+    published are read by `specmlx.heads.formats`.
+    """
+    folder = _resolve(str(ref))
+    if _is_ours(folder):
+        return _load_ours(folder, model, tokenizer)
+    from specmlx.heads.formats import read_published
+
+    heads = read_published(folder, model, tokenizer)
+    if heads is None:
+        raise SpecmlxError(
+            f"{ref} holds no heads: neither a specmlx heads folder nor a Medusa, EAGLE or "
+            "EAGLE-3 checkpoint in safetensors"
+        )
+    return heads
+
+
+def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
+    config = HeadsConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
+    check_target(config.fingerprint, model, tokenizer)
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise SpecmlxError(f"{folder} has no {WEIGHTS_FILE}")
+    weights = mx.load(str(folder / WEIGHTS_FILE))
+    d2t = weights.pop("d2t", None)
+    if (d2t is None) != (config.draft_vocab == config.target_vocab) or (
+        d2t is not None and d2t.shape != (config.draft_vocab,)
+    ):
+        raise SpecmlxError(f"{folder}: the draft vocabulary does not match its config")
+    if config.kind == "medusa":
+        from specmlx.heads.medusa import MedusaHeads as kind
+    else:
+        from specmlx.heads.eagle import EagleHead as kind
+    # Full vocabulary: the plain two-argument create every kind has.
+    heads = kind.create(config, model) if d2t is None else kind.create(config, model, d2t=d2t)
+    expected = dict(tree_flatten(heads.trainable_parameters()))
+    for name in sorted(set(expected) ^ set(weights)):
+        why = "lacks" if name in expected else "has an unexpected"
+        raise SpecmlxError(f"{folder}/{WEIGHTS_FILE} {why} weight {name}")
+    for name, value in weights.items():
+        if value.shape != expected[name].shape:
+            raise SpecmlxError(
+                f"{folder}: weight {name} has shape {value.shape}, the heads want "
+                f"{expected[name].shape}"
+            )
+    heads.load_weights(list(weights.items()), strict=False)
+    mx.eval(heads.parameters())
+    return heads
+
+
+def _resolve(ref: str) -> Path:
+    """A local folder for `ref`: itself, or the Hub snapshot of repo `ref` (cache first)."""
+    from specmlx.resolve import _HUB_REPO, _looks_like_path
+
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise SpecmlxError(f"{ref} is a file; heads are a folder (config.json and weights)")
+    if _looks_like_path(ref) or not _HUB_REPO.match(ref):
+        raise SpecmlxError(f"no heads folder at {ref}")
+    return _from_hub(ref)
+
+
+def _from_hub(repo: str) -> Path:
+    try:
+        import huggingface_hub
+        from huggingface_hub import errors
+    except ImportError:
+        raise SpecmlxError(
+            f"fetching heads {repo} needs huggingface_hub (pip install huggingface_hub)"
+        ) from None
+    from specmlx.resolve import _unreachable_errors
+
+    try:
+        return Path(
+            huggingface_hub.snapshot_download(
+                repo, allow_patterns=HUB_PATTERNS, local_files_only=True
+            )
+        )
+    except errors.LocalEntryNotFoundError:
+        pass  # not cached: ask the Hub (which says no itself when HF_HUB_OFFLINE is set)
+    except errors.HFValidationError as exc:
+        raise SpecmlxError(f"{repo!r} is not a valid Hugging Face repo id: {exc}") from None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo, allow_patterns=HUB_PATTERNS))
+    except errors.RepositoryNotFoundError:
+        raise SpecmlxError(f"heads {repo} were not found on the Hugging Face Hub") from None
+    except _unreachable_errors() as exc:
+        from huggingface_hub.constants import is_offline_mode
+
+        why = "HF_HUB_OFFLINE is set" if is_offline_mode() else type(exc).__name__
+        raise SpecmlxError(
+            f"cannot reach the Hugging Face Hub ({why}) and heads {repo} are not in its "
+            "local cache; pass a local heads folder"
+        ) from None
