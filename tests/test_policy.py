@@ -242,3 +242,16 @@ def test_decaying_leans_on_its_prior_then_on_evidence():
     assert seeded.mean() == pytest.approx(2.0, rel=1e-3)  # a seed ages away entirely
     seeded.fade(0.5, toward=0.0)
     assert seeded.mean() == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_draft_model_calibrated_twice_too_dear_is_corrected_by_its_timed_calls():
+    """A calibration taken while something else ran on the machine priced the draft model at
+    c = 0.77 where it costs 0.35: the timed draft calls correct it, so drafts that are kept
+    grow long and plain steps stay out."""
+    rng = random.Random(4)
+    truth = memory_bound(0.35)
+    busy = CostProfile(UNIT, UNIT * 0.77, dict(truth.v))
+    policy = AdaptiveK(busy, DRAFT)
+    ks = simulate(policy, DRAFT, truth, lambda s: 0.98, 60, rng, noise=0.1)
+    assert sum(k == 0 for k in ks) <= 2, ks
+    assert policy.pricing.c == pytest.approx(0.35, rel=0.2)

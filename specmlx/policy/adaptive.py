@@ -158,8 +158,7 @@ class AdaptiveK:
     def _auto_threshold(self, rates: list[float]) -> float:
         span = min(MARGINAL_SPAN, self.max_k)
         slope = max((self.profile.verify_cost(1 + span) - 1.0) / span, 0.0)
-        c = self.profile.c if self.traits.uses_model else 0.0
-        marginal = self.pricing.speed * (c + slope)
+        marginal = self.pricing.speed * (self.pricing.c + slope)
         return min(MAX_THRESHOLD, max(rates) * marginal)
 
     def goes_on(self, confidences: tuple[float, ...]) -> bool:

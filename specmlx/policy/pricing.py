@@ -9,6 +9,9 @@ run (docs/adaptive-k.md):
   target call, a draft model's calls are timed apart from the verify call; both feed one
   decaying mean, because a slow spell of a shared machine slows every call alike. It
   multiplies every price, plain steps' included, so a spell moves no decision.
+- c: a draft call's cost over a target call's, from the draft calls and the verify call of
+  the same step (a spell slows both alike): a draft model calibrated too dear, say by a
+  calibration taken while something else ran, is priced as it runs.
 - overhead: what a speculative step costs beyond its modelled calls at that speed (host
   syncs, sampling, kernels a GPU builds for a new shape, a calibration point that was off),
   per number of tokens verified, each size leaning on the mean over all sizes.
@@ -50,10 +53,15 @@ class LearnedCosts:
         default_factory=lambda: Decaying.seeded(0.0, OVERHEAD_SEED_WEIGHT, COST_DECAY)
     )
     by_size: dict[int, Decaying] = field(default_factory=dict)
+    # Measured c over calibrated c; the calibration counts as much as it does for speed.
+    c_ratio: Decaying = field(default_factory=lambda: Decaying(COST_DECAY, SPEED_PRIOR_WEIGHT))
 
     def observe_speed(self, ratio: float, calls: float = 1.0) -> None:
         ratio = min(max(ratio, SPEED_CLIP[0]), SPEED_CLIP[1])
         self.speed.observe(ratio, min(calls, MAX_CALLS_PER_STEP))
+
+    def observe_c_ratio(self, ratio: float) -> None:
+        self.c_ratio.observe(min(max(ratio, SPEED_CLIP[0]), SPEED_CLIP[1]))
 
     def observe_overhead(self, size: int, excess: float) -> None:
         excess = min(max(excess, OVERHEAD_CLIP[0]), OVERHEAD_CLIP[1])
@@ -96,13 +104,18 @@ class Pricing:
     def speed(self) -> float:
         return self.learned.speed.mean(1.0)
 
+    @property
+    def c(self) -> float:
+        """A drafted token's price in target calls (0 without a model): the calibrated c as
+        the steps measured it."""
+        return self.profile.c * self.learned.c_ratio.mean(1.0) if self.uses_model else 0.0
+
     def plain(self) -> float:
         return self.speed
 
     def modelled(self, drafted: float, verified: float) -> float:
         """The calibrated calls of a step: drafted tokens at c each, one verify call."""
-        c = self.profile.c if self.uses_model else 0.0
-        return drafted * c + self.profile.verify_cost(verified)
+        return drafted * self.c + self.profile.verify_cost(verified)
 
     def verified(self, drafted: float) -> float:
         return self.tree_size if self.tree_size is not None else drafted + 1
@@ -129,5 +142,10 @@ class Pricing:
         draft_call = self.profile.draft_call_seconds
         if draft_seconds is not None and draft_call and self.uses_model:
             self.learned.observe_speed(draft_seconds / (drafted * draft_call), calls=drafted)
+            verify_seconds = seconds - draft_seconds
+            if verify_seconds > 0 and self.profile.c > 0:
+                # One draft call over one target call, both timed in this step.
+                per_call = verify_seconds / self.profile.verify_cost(verified)
+                self.learned.observe_c_ratio(draft_seconds / drafted / per_call / self.profile.c)
         excess = seconds / unit / self.speed - self.modelled(drafted, verified)
         self.learned.observe_overhead(verified, excess)
