@@ -36,7 +36,8 @@ from specmlx.stats import Stats
 class GenerationConfig:
     """How to generate.
 
-    `method=None` drafts with the draft model when one is loaded, else decodes plainly.
+    `method=None` drafts with the draft model when one is loaded, else with the heads when
+    some are loaded, else decodes plainly.
     `options` are the method's own settings (`specmlx.methods`: `NgramOptions(min_n=2)`,
     `LookaheadOptions(window=7)`, `DraftOptions(p_min=0.5)`); None takes its defaults, and
     options given without a method name the method they belong to.
@@ -104,6 +105,8 @@ class Models:
     draft: nn.Module | None = None
     target_path: Path | None = None
     draft_path: Path | None = None
+    # Heads trained for this target (`specmlx.heads`), by the method that drafts with them.
+    heads: dict[str, Any] = field(default_factory=dict)
     # What adaptive k measured of each drafter's costs on this machine, for the next response.
     learned_costs: dict[CostKey, LearnedCosts] = field(default_factory=dict, repr=False)
 
@@ -126,14 +129,17 @@ def load(
     target: str | None = None,
     draft: str | None = None,
     *,
+    heads: str | list[str] | None = None,
     progress: bool = True,
     default_draft: bool = True,
 ) -> Models:
-    """Resolve and load a target and an optional draft model.
+    """Resolve and load a target, an optional draft model and optional heads.
 
     With no target, the registry's default pair is used (its draft too, unless `draft` is
-    given or `default_draft` is off). References are anything `specmlx.resolve_model` takes: a folder, a .gguf file,
-    an alias, a Hugging Face id.
+    given or `default_draft` is off). References are anything `specmlx.resolve_model`
+    takes: a folder, a .gguf file, an alias, a Hugging Face id. `heads`: a folder or Hugging
+    Face id of Medusa or EAGLE heads (ours or a published layout) trained for this target,
+    or a list of them, at most one of each kind.
     """
     from mlx_lm import load as mlx_load
 
@@ -152,6 +158,14 @@ def load(
         draft_model, draft_tokenizer = _load_one(mlx_load, draft_path)
         check_compatible(tokenizer, draft_tokenizer)
         models.draft, models.draft_path = draft_model, draft_path
+    for ref in [heads] if isinstance(heads, str) else heads or []:
+        from specmlx.heads import load_heads, method_of_heads
+
+        loaded = load_heads(ref, target_model, tokenizer)
+        name = method_of_heads(loaded)
+        if name in models.heads:
+            raise UsageError(f"two sets of {name} heads given; one of each kind, please")
+        models.heads[name] = loaded
     return models
 
 
@@ -211,6 +225,8 @@ def method_of(models: Models, config: GenerationConfig) -> Method:
         return METHODS[config.method]
     if config.options is not None:
         return _owner(config.options)
+    if models.draft is None and models.heads:
+        return METHODS[next(iter(models.heads))]
     return METHODS["draft" if models.draft is not None else "none"]
 
 

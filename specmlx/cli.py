@@ -159,7 +159,7 @@ def _load(refs: ModelRefs, config: GenerationConfig) -> Models:
     err = Console(stderr=True)
     with err.status("loading models…"):
         default_draft = not named or named[0].needs_draft_model
-        models = load(refs.target, refs.draft, default_draft=default_draft)
+        models = load(refs.target, refs.draft, heads=refs.heads, default_draft=default_draft)
     used = method_of(models, config)
     if config.k is None and used.name != "none":
         from specmlx.calibration import load_or_measure
@@ -382,7 +382,12 @@ def bench(
 
     err = Console(stderr=True)
     with err.status("loading models…"):
-        models = load(opts.models.target, opts.models.draft, default_draft=config.needs_draft_model)
+        models = load(
+            opts.models.target,
+            opts.models.draft,
+            heads=opts.models.heads,
+            default_draft=config.needs_draft_model,
+        )
     with err.status("measuring bandwidth and call costs…"):
         env = environment(models, bandwidth_gb)
         # The same calibration adaptive k uses (measured once per device and pair, cached).

@@ -30,7 +30,9 @@ from specmlx.errors import UsageError
 from specmlx.methods import (
     METHODS,
     DraftOptions,
+    EagleOptions,
     LookaheadOptions,
+    MedusaOptions,
     Method,
     MethodOptions,
     NgramOptions,
@@ -79,15 +81,28 @@ def _owner(options: type) -> Method:
     return next(m for m in METHODS.values() if m.options is options)
 
 
-# Each per-method option: the options dataclass it sets, and which of its fields.
-_METHOD_FLAGS: dict[str, tuple[type, str]] = {
-    "p_min": (DraftOptions, "p_min"),
-    "ngram_min": (NgramOptions, "min_n"),
-    "ngram_max": (NgramOptions, "max_n"),
-    "window": (LookaheadOptions, "window"),
-    "ngram_size": (LookaheadOptions, "ngram"),
-    "guesses": (LookaheadOptions, "guesses"),
+# Each per-method option: the options dataclasses it sets (one per method that has it), and
+# which of their fields.
+_METHOD_FLAGS: dict[str, tuple[tuple[type, str], ...]] = {
+    "p_min": ((DraftOptions, "p_min"),),
+    "ngram_min": ((NgramOptions, "min_n"),),
+    "ngram_max": ((NgramOptions, "max_n"),),
+    "window": ((LookaheadOptions, "window"),),
+    "ngram_size": ((LookaheadOptions, "ngram"),),
+    "guesses": ((LookaheadOptions, "guesses"),),
+    "tree_size": ((MedusaOptions, "tree_size"), (EagleOptions, "tree_size")),
+    "width": ((MedusaOptions, "width"), (EagleOptions, "width")),
+    "depth": ((EagleOptions, "depth"),),
 }
+
+
+def _owners(flag: str) -> list[Method]:
+    return [_owner(options) for options, _ in _METHOD_FLAGS[flag]]
+
+
+def _field(flag: str, used: Method) -> str:
+    """The field of `used`'s options that `flag` sets."""
+    return next(name for options, name in _METHOD_FLAGS[flag] if options is used.options)
 
 
 def _flag_name(name: str) -> str:
@@ -95,12 +110,15 @@ def _flag_name(name: str) -> str:
 
 
 def _method_flag(name: str, what: str) -> Any:
-    """A per-method option: None unless given; the help names its method and default."""
-    options, attribute = _METHOD_FLAGS[name]
-    default = getattr(options(), attribute)
-    shown = "auto" if default is None else default
+    """A per-method option: None unless given; the help names its methods and defaults."""
+    shown = []
+    for options, attribute in _METHOD_FLAGS[name]:
+        default = "auto" if getattr(options(), attribute) is None else getattr(options(), attribute)
+        several = len(_METHOD_FLAGS[name]) > 1
+        shown.append(f"{_owner(options).name} {default}" if several else str(default))
+    methods = "/".join(_owner(options).name for options, _ in _METHOD_FLAGS[name])
     # Written into the help: click would show a None default's stand-in in parentheses.
-    return typer.Option(help=f"{_owner(options).name}: {what}  [default: {shown}]")
+    return typer.Option(help=f"{methods}: {what}  [default: {', '.join(shown)}]")
 
 
 @dataclass(frozen=True)
@@ -117,15 +135,27 @@ class ModelRefs:
     draft: Annotated[
         str | None, typer.Option(help="Draft model (same tokenizer as the target).")
     ] = None
+    heads: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Medusa or EAGLE heads for the target: a folder (`specmlx train-heads`, or a "
+            "published layout) or a Hugging Face id; repeatable (one of each kind)."
+        ),
+    ] = None
 
     def check(self, methods: list[Method]) -> None:
-        """A draft model is given when one of `methods` needs it, and not given when none
-        does. (With no --target, the registry's pair brings its draft.)"""
+        """A draft model (heads) is given when one of `methods` needs it, and not given when
+        none does. (With no --target, the registry's pair brings its draft.)"""
         needing = [m for m in methods if m.needs_draft_model]
         if needing and self.draft is None and self.target is not None:
             raise UsageError(f"--method {needing[0].name} needs a draft model (--draft)")
         if methods and not needing and self.draft is not None:
             raise UsageError(f"--draft is not used by --method {methods[0].name}")
+        with_heads = [m for m in methods if m.needs_heads]
+        if with_heads and self.heads is None:
+            raise UsageError(f"--method {with_heads[0].name} needs trained heads (--heads DIR)")
+        if methods and not with_heads and self.heads is not None:
+            raise UsageError(f"--heads is not used by --method {methods[0].name}")
 
 
 @dataclass(frozen=True)
@@ -151,6 +181,12 @@ class MethodFlags:
     guesses: Annotated[int | None, _method_flag("guesses", "candidates G verified per step.")] = (
         None
     )
+    tree_size: Annotated[
+        int | None,
+        _method_flag("tree_size", "most tokens per verify call, root included (auto: from costs)."),
+    ] = None
+    width: Annotated[int | None, _method_flag("width", "candidates kept per head or level.")] = None
+    depth: Annotated[int | None, _method_flag("depth", "most levels an EAGLE tree grows.")] = None
 
     def given(self) -> list[str]:
         """The options given on the command line, by field name."""
@@ -165,44 +201,47 @@ class MethodFlags:
         None (the API's default: the draft model when one is loaded)."""
         if name is not None:
             return method(name)  # a known name, or a one-line error
-        owners = {_owner(_METHOD_FLAGS[flag][0]).name: flag for flag in self.given()}
-        if len(owners) > 1:
-            flags = " and ".join(_flag_name(flag) for flag in owners.values())
-            raise UsageError(f"{flags} are options of different methods; choose one with --method")
-        return METHODS[next(iter(owners))] if owners else None
+        given = self.given()
+        if not given:
+            return None
+        # The methods every given option belongs to.
+        common = set.intersection(*({m.name for m in _owners(flag)} for flag in given))
+        if len(common) != 1:
+            flags = " and ".join(_flag_name(flag) for flag in given)
+            what = "different methods" if not common else " or ".join(sorted(common))
+            raise UsageError(f"{flags}: options of {what}; choose one with --method")
+        return METHODS[common.pop()]
 
     def options(self, used: Method | None) -> MethodOptions | None:
         """The options object of `used` from the options given; an option of another method
         is an error."""
         for flag in self.given():
-            owner = _owner(_METHOD_FLAGS[flag][0])
-            if used is None or owner is not used:
+            owners = _owners(flag)
+            if used is None or used not in owners:
+                names = " or ".join(m.name for m in owners)
                 where = "" if used is None else f", not of --method {used.name}"
-                raise UsageError(f"{_flag_name(flag)} is an option of --method {owner.name}{where}")
+                raise UsageError(f"{_flag_name(flag)} is an option of --method {names}{where}")
         if used is None:
             return None
         # Every option given is one of `used`'s now; the rest keep the method's defaults.
-        return used.options(
-            **{_METHOD_FLAGS[flag][1]: getattr(self, flag) for flag in self.given()}
-        )
+        return used.options(**{_field(flag, used): getattr(self, flag) for flag in self.given()})
 
     def options_among(self, methods: list[Method]) -> tuple[MethodOptions, ...]:
         """For a bench of several methods: the options of each method that was given any
         (the others run with their defaults); an option of a method not benched is an
         error."""
-        owners = {flag: _owner(_METHOD_FLAGS[flag][0]) for flag in self.given()}
-        for flag, owner in owners.items():
-            if owner not in methods:
+        owners = {flag: _owners(flag) for flag in self.given()}
+        for flag, own in owners.items():
+            if not any(m in methods for m in own):
+                names = " or ".join(m.name for m in own)
                 raise UsageError(
-                    f"{_flag_name(flag)} is an option of --method {owner.name}, "
+                    f"{_flag_name(flag)} is an option of --method {names}, "
                     "which this bench does not run"
                 )
         return tuple(
-            m.options(
-                **{_METHOD_FLAGS[f][1]: getattr(self, f) for f, o in owners.items() if o is m}
-            )
+            m.options(**{_field(f, m): getattr(self, f) for f, own in owners.items() if m in own})
             for m in methods
-            if m in owners.values()
+            if any(m in own for own in owners.values())
         )
 
 

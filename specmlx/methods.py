@@ -63,7 +63,40 @@ class LookaheadOptions:
             raise UsageError("lookahead needs window >= 1, ngram-size >= 2 and guesses >= 0")
 
 
-MethodOptions = NoOptions | DraftOptions | NgramOptions | LookaheadOptions
+@dataclass(frozen=True)
+class MedusaOptions:
+    """Medusa heads (`--heads`): trees of at most `tree_size` tokens (root included) from
+    each head's top `width` tokens."""
+
+    tree_size: int = 32
+    width: int = 8
+
+    def __post_init__(self) -> None:
+        if self.tree_size < 2 or self.width < 1:
+            raise UsageError("medusa needs tree-size >= 2 and width >= 1")
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    """EAGLE heads (`--heads`): a dynamic tree grown `width` nodes wide for up to `depth`
+    levels; `tree_size` None keeps as many nodes as pay for their verification (from the
+    calibrated v(n)), a number keeps that many (root included)."""
+
+    tree_size: int | None = None
+    depth: int = 6
+    width: int = 8
+
+    def __post_init__(self) -> None:
+        if (self.tree_size is not None and self.tree_size < 2) or self.depth < 1 or self.width < 1:
+            raise UsageError("eagle needs tree-size >= 2, depth >= 1 and width >= 1")
+
+
+# The most nodes a cost-sized EAGLE tree may keep (root included).
+EAGLE_MAX_TREE = 64
+
+MethodOptions = (
+    NoOptions | DraftOptions | NgramOptions | LookaheadOptions | MedusaOptions | EagleOptions
+)
 Builder = Callable[["Models", Any, "SamplingConfig"], "Drafter | None"]
 
 
@@ -74,6 +107,7 @@ class Method:
     options: type  # its options dataclass
     needs_draft_model: bool
     build: Builder
+    needs_heads: bool = False
 
     def settings(self, options: Any) -> dict[str, Any]:
         """The options as plain data, for reports."""
@@ -104,6 +138,34 @@ def _lookahead(models: Models, options: LookaheadOptions, sampling: SamplingConf
     return LookaheadDrafter(options.window, options.ngram, options.guesses)
 
 
+def _heads(models: Models, name: str) -> Any:
+    if name not in models.heads:
+        held = ", ".join(models.heads) or "none"
+        raise UsageError(f"--method {name} needs {name} heads (--heads DIR); loaded: {held}")
+    return models.heads[name]
+
+
+def _medusa(models: Models, options: MedusaOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.medusa import MedusaDrafter
+
+    return MedusaDrafter(_heads(models, "medusa"), options.tree_size, options.width)
+
+
+def _eagle(models: Models, options: EagleOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.eagle import EagleDrafter
+
+    head = _heads(models, "eagle")
+    if options.tree_size is not None:
+        return EagleDrafter(head, options.tree_size, options.depth, options.width)
+    from specmlx.calibration import load_or_measure
+
+    # Sized per step from the target's calibrated verify costs (no draft model to time).
+    profile, _ = load_or_measure(models, with_draft=False)
+    return EagleDrafter(
+        head, EAGLE_MAX_TREE, options.depth, options.width, verify_cost=profile.verify_cost
+    )
+
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
@@ -113,6 +175,10 @@ METHODS: dict[str, Method] = {
         Method(
             "lookahead", "Lookahead decoding, no draft model", LookaheadOptions, False, _lookahead
         ),
+        Method(
+            "medusa", "Medusa heads (--heads), token trees", MedusaOptions, False, _medusa, True
+        ),
+        Method("eagle", "EAGLE heads (--heads), dynamic trees", EagleOptions, False, _eagle, True),
     )
 }
 

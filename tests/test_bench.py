@@ -127,7 +127,7 @@ def test_rows_are_method_k_pairs() -> None:
         "mlx-lm k=4",
     ]
     with pytest.raises(UsageError, match="unknown method"):
-        make_rows(["medusa"], [4])
+        make_rows(["hydra"], [4])
     with pytest.raises(UsageError, match="k must be"):
         make_rows(["draft"], [0])
 
@@ -163,7 +163,7 @@ def test_prompts_files(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--suite", "poetry"], "unknown suite 'poetry'"),
-        (["--method", "medusa"], "unknown method 'medusa'"),
+        (["--method", "hydra"], "unknown method 'hydra'"),
         (["-k", "two"], "k must be a whole number or auto"),
         (["--prompts", "/nonexistent/prompts.txt"], "cannot read prompts file"),
         (["--temp", "-1"], "temperature must be >= 0"),

@@ -159,7 +159,7 @@ def odd_dirs(tmp_path_factory):
         (["--top-p", "0"], 2, "top-p must be in (0, 1]"),
         (["--top-p", "1.5"], 2, "top-p must be in (0, 1]"),
         (["--method", "draft"], 2, "needs a draft model"),
-        (["--method", "medusa"], 2, "unknown method 'medusa'; choose from none, draft"),
+        (["--method", "hydra"], 2, "unknown method 'hydra'; choose from none, draft"),
         (["-k", "two"], 2, "k must be a whole number or auto"),
         (["--method", "ngram", "--window", "7"], 2, "--window is an option of --method lookahead"),
         (["--method", "none", "--ngram-min", "2"], 2, "not of --method none"),
@@ -205,7 +205,7 @@ def test_prompt_longer_than_context(odd_dirs):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--method", "medusa"], "unknown method 'medusa'"),
+        (["--method", "hydra"], "unknown method 'hydra'"),
         (["--window", "7"], "--window is an option of --method lookahead, which this bench"),
         (["--method", "ngram", "--target", "t", "--draft", "d"], "--draft is not used"),
         (["-k", "0"], "k must be between 1 and 64"),

@@ -5,6 +5,6 @@ each is bound to the one target it was trained on. `load_heads` reads our folder
 published Medusa / EAGLE / EAGLE-3 layouts, `save_heads` writes ours.
 """
 
-from specmlx.heads.base import HeadsConfig, load_heads, save_heads
+from specmlx.heads.base import HeadsConfig, load_heads, method_of_heads, save_heads
 
-__all__ = ["HeadsConfig", "load_heads", "save_heads"]
+__all__ = ["HeadsConfig", "load_heads", "method_of_heads", "save_heads"]

@@ -221,6 +221,11 @@ def _cosine(a: list[float], b: list[float]) -> float:
 # --- files ------------------------------------------------------------------------------
 
 
+def method_of_heads(heads: Heads) -> str:
+    """The `--method` that drafts with these heads: medusa, or eagle (EAGLE-3's included)."""
+    return "medusa" if heads.config.kind == "medusa" else "eagle"
+
+
 def save_heads(heads: Heads, out_dir: str | Path) -> Path:
     """Write `heads` to `out_dir` (config.json, model.safetensors), all or nothing.
 

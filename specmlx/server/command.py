@@ -115,7 +115,12 @@ def _load(err: Console, opts: SharedOptions, config: GenerationConfig) -> Models
     opts.models.check(named)
     with err.status("loading models…"):
         default_draft = not named or named[0].needs_draft_model
-        models = load(opts.models.target, opts.models.draft, default_draft=default_draft)
+        models = load(
+            opts.models.target,
+            opts.models.draft,
+            heads=opts.models.heads,
+            default_draft=default_draft,
+        )
     used = method_of(models, config)
     if config.k is None and used.name != "none":
         from specmlx.calibration import load_or_measure

@@ -1,0 +1,118 @@
+"""Heads through the CLI and the API: --heads DIR with --method medusa|eagle, their options,
+and one-line errors where heads are missing or of the wrong kind."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx.utils import tree_flatten, tree_map
+from typer.testing import CliRunner
+
+from specmlx.api import GenerationConfig, generate, load
+from specmlx.cli import app
+from specmlx.cli_options import MethodFlags
+from specmlx.heads import HeadsConfig, save_heads
+from specmlx.heads.base import fingerprint, target_vocab
+from specmlx.heads.eagle import EagleHead
+from specmlx.heads.medusa import MedusaHeads
+from specmlx.methods import EagleOptions, MedusaOptions
+
+runner = CliRunner()
+
+
+def perturbed(module, seed: int):
+    """The module with its trainable weights set to small random values: drafts that are
+    sometimes right, sometimes wrong."""
+    mx.random.seed(seed)
+    weights = tree_map(lambda w: 0.05 * mx.random.normal(w.shape), module.trainable_parameters())
+    module.load_weights(tree_flatten(weights), strict=False)
+    return module
+
+
+@pytest.fixture(scope="module")
+def heads_dirs(tiny_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("heads")
+    model, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    base = dict(
+        hidden_size=model.args.hidden_size,
+        target_vocab=target_vocab(model),
+        draft_vocab=target_vocab(model),
+        fingerprint=fingerprint(model, tokenizer),
+    )
+    config = json.loads((tiny_dirs["llama"] / "config.json").read_text())
+    medusa = perturbed(MedusaHeads.create(HeadsConfig(kind="medusa", **base), model), 1)
+    eagle = perturbed(
+        EagleHead.create(HeadsConfig(kind="eagle", target_args=config, **base), model), 2
+    )
+    return {
+        "medusa": save_heads(medusa, root / "medusa"),
+        "eagle": save_heads(eagle, root / "eagle"),
+    }
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_generate_with_heads_matches_plain(tiny_dirs, heads_dirs, method):
+    target = str(tiny_dirs["llama"])
+    common = ["generate", "hello", "--target", target, "--json", "--max-tokens", "24"]
+    spec = invoke(
+        *common,
+        "--heads",
+        str(heads_dirs[method]),
+        "--method",
+        method,
+        "-k",
+        "4",
+        "--tree-size",
+        "16",
+    )
+    plain = invoke(*common, "--method", "none")
+    assert spec.exit_code == 0 and plain.exit_code == 0, spec.output + plain.output
+    spec_out, plain_out = json.loads(spec.stdout), json.loads(plain.stdout)
+    assert spec_out["token_ids"] == plain_out["token_ids"]
+    assert spec_out["method"] == method and spec_out["stats"]["drafted"] > 0
+
+
+def test_the_heads_kind_is_the_default_method(tiny_dirs, heads_dirs):
+    models = load(str(tiny_dirs["llama"]), heads=[str(heads_dirs["medusa"])], progress=False)
+    result = generate(models, "hello", GenerationConfig(k=3, max_tokens=8))
+    assert result.stats.drafted > 0
+    both = load(
+        str(tiny_dirs["llama"]),
+        heads=[str(heads_dirs["medusa"]), str(heads_dirs["eagle"])],
+        progress=False,
+    )
+    assert set(both.heads) == {"medusa", "eagle"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--method", "medusa"], "needs trained heads"),
+        (["--method", "ngram", "--heads", "HEADS-eagle"], "--heads is not used"),
+        (["--method", "medusa", "--heads", "HEADS-eagle"], "needs medusa heads"),
+        (["--method", "medusa", "--heads", "HEADS-medusa", "--depth", "3"], "--depth"),
+        (["--heads", "HEADS-medusa", "--tree-size", "4"], "choose one with --method"),
+        (["--method", "eagle", "--heads", "HEADS-eagle", "--tree-size", "1"], "tree-size >= 2"),
+    ],
+)
+def test_bad_heads_input_is_one_line(tiny_dirs, heads_dirs, args, needle):
+    args = [str(heads_dirs[a.split("-")[1]]) if a.startswith("HEADS-") else a for a in args]
+    result = invoke("generate", "hi", "--target", str(tiny_dirs["llama"]), *args)
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    last = [line for line in result.output.splitlines() if line.strip()][-1]
+    assert last.startswith("error: ") and needle in last, result.output
+
+
+def test_heads_flags_become_the_options_of_the_method_in_use():
+    flags = MethodFlags(tree_size=12, width=3)
+    assert flags.options(flags.method("medusa")) == MedusaOptions(tree_size=12, width=3)
+    assert flags.options(flags.method("eagle")) == EagleOptions(tree_size=12, width=3)
+    assert MethodFlags(depth=3).method(None).name == "eagle"
