@@ -40,6 +40,7 @@ from typing import Any
 
 from specmlx.bench import MLX_LM, MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec
 from specmlx.costs import CostProfile, acceptance_from_tokens
+from specmlx.methods import METHODS
 from specmlx.stats import Stats
 
 PLAIN_BASELINES = (NONE, MLX_LM_PLAIN)
@@ -86,6 +87,7 @@ class SummaryRow:
     speedup_vs_mlx_lm: float | None
     acceptance_rate: float | None
     tokens_per_call: float | None
+    verified_per_call: float | None  # tokens a speculative call scored: k + 1, or a tree's nodes
     alpha: float | None
     acceptance_by_position: tuple[float, ...]
     time_to_first_token: float | None
@@ -210,9 +212,15 @@ def summarize_row(
     else:
         acceptance = _ratio(pooled.accepted, pooled.drafted)
     tokens_per_call = _ratio(pooled.tokens, pooled.target_calls)
+    speculative_calls = pooled.target_calls - pooled.plain_steps
+    verified = None
+    if not row.is_plain and row.method != MLX_LM and speculative_calls:
+        verified = 1 + pooled.drafted / speculative_calls
+    tree = row.method in METHODS and METHODS[row.method].drafts_trees
     alpha = predicted = None
-    # An adaptive row has no single k: no α fit and no prediction.
-    if not row.is_plain and row.k is not None and tokens_per_call is not None:
+    # An adaptive row has no single k: no α fit and no prediction; Leviathan's chain model
+    # does not describe trees.
+    if not row.is_plain and not tree and row.k is not None and tokens_per_call is not None:
         alpha = acceptance_from_tokens(tokens_per_call, row.k)
         if costs is not None and row.method != MLX_LM:
             predicted = costs.speedup(alpha, row.k, uses_draft_model=row.needs_draft_model)
@@ -249,6 +257,7 @@ def summarize_row(
         ),
         acceptance_rate=acceptance,
         tokens_per_call=tokens_per_call,
+        verified_per_call=verified,
         alpha=alpha,
         acceptance_by_position=pooled.acceptance_by_position,
         time_to_first_token=_median(m.time_to_first_token for m in runs),

@@ -108,6 +108,7 @@ class Method:
     needs_draft_model: bool
     build: Builder
     needs_heads: bool = False
+    drafts_trees: bool = False  # verifies token trees (not chains)
 
     def settings(self, options: Any) -> dict[str, Any]:
         """The options as plain data, for reports."""
