@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-stock-blas bench-gpu openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-stock-blas bench-gpu bench-heads heads heads-smollm2 heads-qwen openblas clean
 
 install: .venv/.installed
 
@@ -80,6 +80,45 @@ bench-stock-blas: models
 	mkdir -p results
 	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
 		-k 1 -k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 --warmup 0 $(call BENCH_OUT,bench-stock-blas)
+
+# Medusa and EAGLE heads, trained here (memory-bound regime: OpenBLAS preloaded, fp32). Each
+# recipe answers the shipped prompts with the target (self-distillation) and reads a few
+# modules of Python's own standard library, caches the target's features once under
+# models/cache/heads/, then trains; rerunning resumes where it stopped. SmolLM2's heads are
+# committed (models/heads/, under 20 MB each); the Qwen ones are rebuilt by `make heads-qwen`.
+STDLIB = $(shell $(PY) -c 'import json, os; print(os.path.dirname(os.path.dirname(json.__file__)))' 2>/dev/null)
+HEAD_FILES = --files $(STDLIB)/json --files $(STDLIB)/collections --files $(STDLIB)/argparse.py \
+	--files $(STDLIB)/textwrap.py
+TRAIN_HEADS = $(PRELOAD) $(SPECMLX) train-heads
+
+heads: heads-smollm2 heads-qwen
+
+heads-smollm2: models openblas
+	$(TRAIN_HEADS) --target smollm2-135m --kind medusa --out models/heads/smollm2-135m-medusa \
+		--data models/cache/heads/smollm2-135m $(HEAD_FILES) --answer-tokens 256 \
+		--steps 600 --seq-len 256 --batch-tokens 1024 --draft-vocab 4096
+	$(TRAIN_HEADS) --target smollm2-135m --kind eagle --out models/heads/smollm2-135m-eagle \
+		--data models/cache/heads/smollm2-135m $(HEAD_FILES) --answer-tokens 256 \
+		--steps 400 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
+
+heads-qwen: models openblas
+	$(TRAIN_HEADS) --target qwen2.5-coder-1.5b --kind medusa \
+		--out models/heads/qwen2.5-coder-1.5b-medusa --data models/cache/heads/qwen2.5-coder-1.5b \
+		$(HEAD_FILES) --answer-tokens 384 --steps 400 --seq-len 256 --batch-tokens 1024 \
+		--draft-vocab 8192
+	$(TRAIN_HEADS) --target qwen2.5-coder-1.5b --kind eagle \
+		--out models/heads/qwen2.5-coder-1.5b-eagle --data models/cache/heads/qwen2.5-coder-1.5b \
+		$(HEAD_FILES) --answer-tokens 384 --steps 600 --seq-len 512 --batch-tokens 1024 \
+		--draft-vocab 8192
+
+# The heads beside the draft model and prompt lookup, on the Qwen target (after make heads)
+# and on SmolLM2 (its committed heads).
+bench-heads: models openblas
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads models/heads/smollm2-135m-medusa \
+		--heads models/heads/smollm2-135m-eagle --method medusa --method eagle --method ngram \
+		-k auto --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2 \
+		$(call BENCH_OUT,bench-heads-smollm2)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:

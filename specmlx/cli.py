@@ -29,6 +29,7 @@ from specmlx.cli_options import (
     with_options,
 )
 from specmlx.errors import SpecmlxError
+from specmlx.heads.command import train_heads
 from specmlx.methods import METHODS, methods_help
 from specmlx.server.command import serve
 
@@ -438,8 +439,9 @@ def calibrate(
     Console().print(calibration_view(profile, fresh, where))
 
 
-# The OpenAI-compatible server (its heavy imports happen inside the command).
+# The OpenAI-compatible server and the heads' training (heavy imports inside the commands).
 app.command()(handles_errors(serve))
+app.command("train-heads")(handles_errors(train_heads))
 
 
 def main() -> None:

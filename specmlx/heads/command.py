@@ -1,0 +1,141 @@
+"""The `specmlx train-heads` command: data, cached target features, then training.
+
+Three resumable stages, each skipped when its output is already there: the target's own
+answers to a prompt set (self-distillation) and/or the files the user names, their features
+computed once by the target and cached in shards (`DATA/`), then the heads trained on the
+shards into OUT (a checkpoint there is resumed; Ctrl-C checkpoints and stops). Only typer is
+imported here: MLX loads when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specmlx.errors import UsageError
+
+KINDS = ("medusa", "eagle")
+
+
+def train_heads(
+    out: Annotated[Path, typer.Option(help="Folder to write the heads to.")],
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="The target: folder, .gguf, alias or Hugging Face id. Default: the pair's."
+        ),
+    ] = None,
+    kind: Annotated[str, typer.Option(help="medusa or eagle.")] = "medusa",
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Where the target's features are cached. Default: OUT.data beside OUT."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help='A file of prompts, one per line (.txt) or {"prompt": ...} (.jsonl), '
+            "for the target to answer. Default: the shipped set (no bench prompt in it)."
+        ),
+    ] = None,
+    self_distill: Annotated[
+        bool, typer.Option(help="Train on the target's own answers to the prompts.")
+    ] = True,
+    limit: Annotated[int | None, typer.Option(help="Answer only the first N prompts.")] = None,
+    answer_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 256,
+    batch_size: Annotated[int, typer.Option(help="Prompts answered at once.")] = 8,
+    files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--files", help="Text or code files (or folders) to train on too; repeatable."
+        ),
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps. Default: one epoch.")] = None,
+    epochs: Annotated[float, typer.Option(help="Epochs, when --steps is not given.")] = 1.0,
+    seq_len: Annotated[int, typer.Option(help="Positions per training window.")] = 256,
+    batch_tokens: Annotated[int, typer.Option(help="Positions per step.")] = 1024,
+    lr: Annotated[
+        float | None, typer.Option(help="Peak learning rate. Default: 1e-3 medusa, 3e-4 eagle.")
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up steps before the cosine decay.")] = 20,
+    draft_vocab: Annotated[
+        int, typer.Option(help="Heads score the N most frequent tokens of the data; 0: all.")
+    ] = 4096,
+    num_heads: Annotated[int, typer.Option(help="medusa: number of heads.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the heads' weights and the data order.")] = 0,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
+) -> None:
+    """Train Medusa or EAGLE heads for a target on its own answers (and your files).
+
+    Resumable: rerun the same command after Ctrl-C and it goes on where it stopped.
+    """
+    if kind not in KINDS:
+        raise UsageError(f"kind must be medusa or eagle, got {kind!r}")
+    if not self_distill and not files:
+        raise UsageError("nothing to train on: give --files, or keep --self-distill")
+    for path in files or []:
+        if not path.exists():
+            raise UsageError(f"no such file or folder: {path}")
+    if prompts is not None and not prompts.is_file():
+        raise UsageError(f"no such prompts file: {prompts}")
+    from specmlx.heads.train import TrainConfig
+
+    config = TrainConfig(
+        kind=kind,
+        steps=steps,
+        epochs=epochs,
+        seq_len=seq_len,
+        batch_tokens=batch_tokens,
+        lr=lr,
+        warmup=warmup,
+        seed=seed,
+        draft_vocab=draft_vocab or None,
+        num_heads=num_heads,
+        checkpoint_every=checkpoint_every,
+    )
+    from rich.console import Console
+
+    from specmlx.api import load
+    from specmlx.features import FeatureSpec
+    from specmlx.heads.data import cache_features, file_corpus, generate_corpus
+    from specmlx.heads.train import train_heads as run_training
+
+    err = Console(stderr=True, highlight=False)
+    with err.status("loading the target…"):
+        models = load(target, default_draft=False)
+    corpus = None
+    if self_distill:
+        texts = _read_prompts(prompts) if prompts is not None else None
+        if texts is not None and limit is not None:
+            texts = texts[:limit]
+        elif limit is not None:
+            from specmlx.heads.data import train_prompts
+
+            texts = train_prompts()[:limit]
+        corpus = generate_corpus(models, texts, answer_tokens, seed=seed, batch_size=batch_size)
+    if files:
+        extra = file_corpus(files, models.tokenizer, seq_len=max(seq_len, 512))
+        corpus = extra if corpus is None else corpus + extra
+    assert corpus is not None
+    data_dir = data or out.with_name(out.name + ".data")
+    cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
+    report = run_training(models, config, data_dir, out, resume=True)
+    accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
+    err.print(
+        f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
+        f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}",
+        soft_wrap=True,
+    )
+
+
+def _read_prompts(path: Path) -> list[str]:
+    import json
+
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        try:
+            return [json.loads(line)["prompt"] for line in lines]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{path}: each line must be a JSON object with a prompt") from None
+    return lines

@@ -1,0 +1,196 @@
+"""What each kind of heads learns: its batches from the feature cache, its loss, its step.
+
+A batch is B windows of `seq_len` consecutive positions inside one cached sequence (never
+across two), padded at the end; which windows a step takes is a function of (seed, step)
+alone, so a resumed run reads exactly the batches an uninterrupted one would.
+
+Medusa (Cai et al. 2024): head i on f_t predicts token t+2+i (head 0: the token after the
+next one, which the target itself predicts from f_t), cross-entropy over the draft
+vocabulary, head i weighted 0.8**i. EAGLE (Li et al. 2024): from (f_j, token j+1) the head
+predicts f_{j+1}, teacher-forced over the window with a causal mask; SmoothL1 to the true
+f_{j+1} plus 0.1 x cross-entropy of its logits against the target's own greedy token after
+token j+1 (or, with `soft`, against the target's distribution over the draft vocabulary).
+Targets outside the draft vocabulary are left out of the cross-entropy and count as misses
+in the top-1 accuracy (the heads can never propose them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+
+from specmlx.heads.shards import FeatureData
+
+Batch = tuple[mx.array, ...]
+
+
+class Windows:
+    """The training windows of a feature cache, and the batch of each step."""
+
+    def __init__(self, data: FeatureData, seq_len: int, batch_size: int, seed: int):
+        starts, ends = [], []
+        for s, e in zip(data.starts[:-1], data.starts[1:], strict=True):
+            for a in range(int(s), int(e) - 2, seq_len):  # a window needs a token 2 ahead
+                starts.append(a)
+                ends.append(int(e))
+        self.starts = np.array(starts, np.int64)  # (windows,)
+        self.ends = np.array(ends, np.int64)  # (windows,) the end of each one's sequence
+        self.seq_len = seq_len
+        self.batch_size = max(1, min(batch_size, len(starts)))
+        self.seed = seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def positions(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """Step `step`'s positions in the cache and the end of their sequence. # (B, L), (B, 1)
+
+        Epoch after epoch, the windows in an order drawn from (seed, epoch)."""
+        n = len(self.starts)
+        picks = step * self.batch_size + np.arange(self.batch_size)
+        chosen = np.array([self._order(int(g) // n)[int(g) % n] for g in picks])
+        pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
+        return pos, self.ends[chosen][:, None]
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if len(self._orders) > 1:  # a batch spans at most two epochs
+                self._orders.clear()
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self))
+        return self._orders[epoch]
+
+
+def t2d_table(d2t: np.ndarray | None, vocab: int) -> np.ndarray:
+    """Draft id of each target id, -1 where the draft vocabulary lacks it. # (vocab,)"""
+    if d2t is None:
+        return np.arange(vocab, dtype=np.int32)
+    table = np.full(vocab, -1, np.int32)
+    table[d2t] = np.arange(len(d2t), dtype=np.int32)
+    return table
+
+
+def _rows(data: FeatureData, pos: np.ndarray) -> mx.array:
+    """The cached features at `pos`, as float32. # (B, L, width)"""
+    flat = data.features[mx.array(pos.reshape(-1))]
+    return flat.reshape(*pos.shape, -1).astype(mx.float32)
+
+
+def medusa_batch(
+    data: FeatureData, pos: np.ndarray, end: np.ndarray, t2d: np.ndarray, heads: int
+) -> Batch:
+    """features (B, L, F); labels (K, B, L) draft ids or -1; valid (K, B, L): a token exists."""
+    labels, valid = [], []
+    for i in range(heads):
+        ahead = pos + 2 + i
+        ok = ahead < end
+        labels.append(np.where(ok, t2d[data.tokens[np.minimum(ahead, end - 1)]], -1))
+        valid.append(ok)
+    features = _rows(data, np.minimum(pos, end - 1))
+    return features, mx.array(np.stack(labels)), mx.array(np.stack(valid))
+
+
+def eagle_batch(data: FeatureData, pos: np.ndarray, end: np.ndarray, t2d: np.ndarray) -> Batch:
+    """features f_j (B, L, F), tokens j+1 (B, L), true f_{j+1} (B, L, F), labels: the
+    target's greedy token after j+1 in draft ids or -1 (B, L), valid (B, L)."""
+    ahead = np.minimum(pos + 1, end - 1)
+    valid = pos + 1 < end
+    labels = np.where(valid, t2d[data.nexts[ahead]], -1)
+    return (
+        _rows(data, np.minimum(pos, end - 1)),
+        mx.array(data.tokens[ahead]),
+        _rows(data, ahead),
+        mx.array(labels),
+        mx.array(valid),
+    )
+
+
+def _cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
+    """Per position; labels -1 give garbage, masked by the caller. # (...)"""
+    picked = mx.take_along_axis(logits, mx.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    return mx.logsumexp(logits, axis=-1) - picked
+
+
+def _masked_mean(values: mx.array, mask: mx.array, axes: Any = None) -> mx.array:
+    return (values * mask).sum(axes) / mx.maximum(mask.sum(axes), 1)
+
+
+def medusa_loss(
+    heads: nn.Module, features: mx.array, labels: mx.array, valid: mx.array, decay: float
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Weighted sum of the heads' cross-entropies; each head's loss and top-1 accuracy."""
+    logits = heads(features)  # (K, B, L, V_d)
+    used = valid & (labels >= 0)
+    per_head = _masked_mean(_cross_entropy(logits, labels), used, (1, 2))  # (K,)
+    weights = decay ** mx.arange(per_head.shape[0], dtype=mx.float32)
+    hits = mx.argmax(logits, axis=-1) == labels
+    accuracy = _masked_mean(hits, valid, (1, 2))  # (K,)
+    return (weights * per_head).sum(), per_head, accuracy
+
+
+def eagle_loss(
+    head: nn.Module,
+    features: mx.array,
+    tokens: mx.array,
+    true_next: mx.array,
+    labels: mx.array,
+    valid: mx.array,
+    ce_weight: float,
+    soft: bool,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """SmoothL1 + ce_weight x cross-entropy; the two terms, and the top-1 accuracy."""
+    predicted = head(features, tokens)  # (B, L, d)
+    regression = nn.losses.smooth_l1_loss(predicted, true_next, reduction="none").mean(-1)
+    logits = head.logits(predicted)  # (B, L, V_d)
+    if soft:
+        target_probs = mx.stop_gradient(mx.softmax(head.logits(true_next), axis=-1))
+        per_token = -(target_probs * nn.log_softmax(logits, axis=-1)).sum(-1)
+        ce = _masked_mean(per_token, valid)
+    else:
+        ce = _masked_mean(_cross_entropy(logits, labels), valid & (labels >= 0))
+    terms = mx.stack([_masked_mean(regression, valid), ce])  # (2,)
+    accuracy = _masked_mean(mx.argmax(logits, axis=-1) == labels, valid)[None]  # (1,)
+    return terms[0] + ce_weight * terms[1], terms, accuracy
+
+
+def schedule(peak: float, warmup: int, total: int, min_lr: float) -> Callable:
+    """Linear warm-up to `peak`, then a cosine decay to peak * min_lr at the last step."""
+    warmup = min(warmup, total - 1)
+    decay = optim.cosine_decay(peak, max(1, total - warmup), peak * min_lr)
+    if warmup == 0:
+        return decay
+    return optim.join_schedules(
+        [optim.linear_schedule(peak / warmup, peak, warmup), decay], [warmup]
+    )
+
+
+def step_function(
+    heads: nn.Module,
+    optimizer: optim.Optimizer,
+    loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
+    grad_clip: float,
+    compile: bool,
+) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
+    """One optimizer step on a batch; returns loss_fn's (loss, terms, accuracy), lazily.
+
+    Compiled, it takes the heads' and the optimizer's state as implicit inputs and outputs:
+    the very dicts each step updates in place."""
+    loss_and_grad = nn.value_and_grad(heads, loss_fn)
+
+    def step(*batch: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        (loss, terms, accuracy), grads = loss_and_grad(*batch)
+        if grad_clip > 0:
+            grads, _ = optim.clip_grad_norm(grads, grad_clip)
+        optimizer.update(heads, grads)
+        return loss, terms, accuracy
+
+    if not compile:
+        return step
+    state = [heads.state, optimizer.state]
+    return partial(mx.compile, inputs=state, outputs=state)(step)

@@ -1,0 +1,215 @@
+"""The feature cache on disk: shards of tokens and the target's features, with a manifest.
+
+A data folder holds `manifest.json` (the target's fingerprint, the feature layers, where the
+data came from: what the shards were made of, checked before anything is added), shards
+`shard-00000.safetensors` (`tokens` int32 (n,), `features` float16 (n, width), `nexts` int32
+(n,) the target's greedy token after each, `lengths` int32 (sequences,)) and `index.json`
+(the shards, token counts per id, whether every sequence is in). Each shard and each index
+is written under a temporary name and renamed into place, so an interruption leaves the
+folder as it was after the last whole shard, and the next run continues from there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from specmlx.errors import SpecmlxError
+
+MANIFEST, INDEX = "manifest.json", "index.json"
+
+
+@dataclass
+class FeatureIndex:
+    """What the shards of a data folder hold."""
+
+    shards: list[dict[str, Any]] = field(default_factory=list)  # file, sequences, tokens
+    n_sequences: int = 0
+    n_tokens: int = 0
+    complete: bool = False
+    counts: dict[str, int] = field(default_factory=dict)  # token id -> occurrences
+
+    def count_array(self, vocab_size: int) -> np.ndarray:
+        counts = np.zeros(vocab_size, np.int64)  # (vocab,)
+        for token, n in self.counts.items():
+            counts[int(token)] = n
+        return counts
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` as JSON at `path`, whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def _read_index(folder: Path) -> FeatureIndex:
+    path = folder / INDEX
+    if not path.exists():
+        return FeatureIndex()
+    index = FeatureIndex(**json.loads(path.read_text()))
+    lost = [s["file"] for s in index.shards if not (folder / s["file"]).exists()]
+    if lost:
+        raise SpecmlxError(f"{folder}: shard {lost[0]} is missing; delete the folder to start over")
+    return index
+
+
+class ShardWriter:
+    """Appends sequences to a data folder, one shard at a time; resumes where it stopped."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any], models: Any, shard_tokens: int):
+        folder.mkdir(parents=True, exist_ok=True)
+        manifest = json.loads(json.dumps(manifest))  # as it will read back: lists, not tuples
+        _check_manifest(folder, manifest, models)
+        write_json(folder / MANIFEST, manifest)
+        self.folder = folder
+        self.total = int(manifest["sequences"])
+        self.shard_tokens = shard_tokens
+        self.index = _read_index(folder)
+        self._pending: list[tuple[list[int], mx.array, mx.array]] = []
+
+    @property
+    def n_tokens(self) -> int:
+        return self.index.n_tokens + sum(len(t) for t, _, _ in self._pending)
+
+    def add(self, tokens: list[int], features: mx.array, nexts: mx.array) -> None:
+        self._pending.append((tokens, features, nexts))
+        if sum(len(t) for t, _, _ in self._pending) >= self.shard_tokens:
+            self._flush()
+
+    def close(self) -> None:
+        self._flush()
+        self.index.complete = self.index.n_sequences == self.total
+        write_json(self.folder / INDEX, asdict(self.index))
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        name = f"shard-{len(self.index.shards):05d}.safetensors"
+        tokens = [t for seq, _, _ in self._pending for t in seq]
+        arrays = {
+            "tokens": mx.array(tokens, mx.int32),
+            "features": mx.concatenate([f for _, f, _ in self._pending]),
+            "nexts": mx.concatenate([n for _, _, n in self._pending]),
+            "lengths": mx.array([len(t) for t, _, _ in self._pending], mx.int32),
+        }
+        tmp = self.folder / f".{name}.tmp.safetensors"  # mlx keeps the suffix it needs
+        mx.save_safetensors(str(tmp), arrays, metadata={"format": "specmlx-features"})
+        os.replace(tmp, self.folder / name)
+        for token, n in zip(*np.unique(np.array(tokens), return_counts=True), strict=True):
+            key = str(int(token))
+            self.index.counts[key] = self.index.counts.get(key, 0) + int(n)
+        self.index.shards.append(
+            {"file": name, "sequences": len(self._pending), "tokens": len(tokens)}
+        )
+        self.index.n_sequences += len(self._pending)
+        self.index.n_tokens += len(tokens)
+        write_json(self.folder / INDEX, asdict(self.index))  # the shard counts from now on
+        self._pending = []
+
+
+def _check_manifest(folder: Path, manifest: dict[str, Any], models: Any) -> None:
+    path = folder / MANIFEST
+    if not path.exists():
+        if any(folder.glob("shard-*.safetensors")):
+            raise SpecmlxError(f"{folder} holds shards but no {MANIFEST}; delete it to start over")
+        return
+    saved = json.loads(path.read_text())
+    if saved.get("fingerprint") != manifest["fingerprint"]:
+        from specmlx.heads.base import check_target
+
+        check_target(saved.get("fingerprint", {}), models.target, models.tokenizer)
+        raise SpecmlxError(
+            f"{folder} holds features of another copy of this target (other weights or "
+            "quantization); use another data folder or delete it"
+        )
+    differ = [key for key in manifest if saved.get(key) != manifest[key]]
+    if differ:
+        raise SpecmlxError(
+            f"{folder} holds features made with other settings ({', '.join(differ)} differ); "
+            "use another data folder or delete it"
+        )
+
+
+@dataclass(frozen=True)
+class FeatureData:
+    """Every shard of a data folder, joined, in memory."""
+
+    manifest: dict[str, Any]
+    index: FeatureIndex
+    tokens: np.ndarray  # (n,) int32
+    nexts: np.ndarray  # (n,) int32: the target's greedy token after each
+    features: mx.array  # (n, width) float16
+    starts: np.ndarray  # (sequences + 1,) where each sequence starts; the last is n
+
+
+def open_shards(folder: Path, *, whole: bool = False) -> FeatureData:
+    """The data folder's shards (`whole`: refuse a folder whose caching was cut short)."""
+    if not (folder / MANIFEST).exists():
+        raise SpecmlxError(f"{folder} holds no cached features (no {MANIFEST})")
+    manifest = json.loads((folder / MANIFEST).read_text())
+    index = _read_index(folder)
+    if whole and not index.complete:
+        raise SpecmlxError(
+            f"{folder} holds {index.n_sequences} of {manifest['sequences']} sequences: "
+            "caching was cut short; run it again to finish"
+        )
+    parts = [mx.load(str(folder / s["file"])) for s in index.shards]
+    width = int(manifest["width"])
+    if not parts:
+        empty = np.zeros(0, np.int32)
+        return FeatureData(manifest, index, empty, empty, mx.zeros((0, width)), np.zeros(1, int))
+    lengths = np.concatenate([np.array(p["lengths"]) for p in parts])
+    return FeatureData(
+        manifest,
+        index,
+        np.concatenate([np.array(p["tokens"]) for p in parts]),
+        np.concatenate([np.array(p["nexts"]) for p in parts]),
+        mx.concatenate([p["features"] for p in parts]),
+        np.concatenate([[0], np.cumsum(lengths)]),
+    )
+
+
+class _Bar:
+    def __init__(self, bar: Any, task: Any):
+        self._bar, self._task = bar, task
+
+    def advance(self, info: str = "") -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, info=info)
+
+
+@contextmanager
+def progress_bar(enabled: bool, description: str, total: int, completed: int = 0) -> Iterator[_Bar]:
+    """A transient bar on stderr, with a free text field (`advance(info)`)."""
+    if not enabled:
+        yield _Bar(None, None)
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn(description),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        yield _Bar(bar, bar.add_task(description, total=total, completed=completed, info=""))

@@ -1,0 +1,253 @@
+"""Training heads: the feature cache is the target's own and resumable; training lowers the
+loss, is deterministic by seed, and a resumed run ends where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import specmlx
+from specmlx.errors import SpecmlxError, UsageError
+from specmlx.features import FeatureSpec, capturing
+from specmlx.heads.base import load_heads
+from specmlx.heads.data import (
+    Corpus,
+    cache_features,
+    draft_vocab,
+    file_corpus,
+    generate_corpus,
+    target_features,
+    train_prompts,
+)
+from specmlx.heads.shards import open_shards
+from specmlx.heads.train import TrainConfig, train_heads
+from specmlx.suites import SUITES, load_suite
+from tests.tiny import make_model_dir
+
+PROMPTS = [
+    "Write a Python function that adds two numbers.",
+    "The capital of France is",
+    "Once upon a time there was a little fox",
+    "for i in range(10):",
+    "Explain speculative decoding.",
+    "import numpy as np",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-heads")
+    return specmlx.load(str(make_model_dir(root / "target", "llama", seed=1)), progress=False)
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-heads-other")
+    return specmlx.load(str(make_model_dir(root / "other", "llama", seed=2)), progress=False)
+
+
+@pytest.fixture(scope="module")
+def corpus(models):
+    generated = generate_corpus(models, PROMPTS, max_tokens=40, seed=0)
+    return Corpus(
+        generated.source, len(generated), [generated[i] for i in range(len(generated))].__getitem__
+    )
+
+
+@pytest.fixture(scope="module")
+def data_dir(models, corpus, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("features")
+    cache_features(models, corpus, FeatureSpec(), folder, shard_tokens=100, progress=False)
+    return folder
+
+
+def fast(**overrides) -> TrainConfig:
+    settings = dict(seq_len=16, batch_tokens=64, draft_vocab=96, warmup=2, checkpoint_every=4)
+    return TrainConfig(**{**settings, **overrides})
+
+
+def test_cached_features_are_the_targets_own(models, corpus, data_dir):
+    data = open_shards(data_dir, whole=True)
+    assert len(data.index.shards) > 1 and data.index.n_sequences == len(corpus)
+    for i in range(len(corpus)):
+        tokens = corpus[i]
+        start, end = int(data.starts[i]), int(data.starts[i + 1])
+        assert data.tokens[start:end].tolist() == tokens
+        with capturing(models.target, FeatureSpec()) as seen:
+            logits = models.target(mx.array(tokens, mx.uint32)[None])[0]
+        own = seen.latest()[0]
+        assert mx.allclose(data.features[start:end].astype(mx.float32), own, atol=1e-2, rtol=1e-2)
+        assert data.nexts[start:end].tolist() == mx.argmax(logits, axis=-1).tolist()
+    # A long sequence goes through in pieces, with the same result.
+    whole, _ = target_features(models.target, corpus[0], FeatureSpec())
+    pieces, _ = target_features(models.target, corpus[0], FeatureSpec(), chunk=7)
+    assert mx.allclose(whole.astype(mx.float32), pieces.astype(mx.float32), atol=1e-2)
+    counts = data.index.count_array(models.vocab_size)
+    assert counts.sum() == data.index.n_tokens == len(data.tokens)
+
+
+def test_an_interrupted_cache_resumes_from_its_shards(models, corpus, data_dir, tmp_path):
+    made, stops = [], [5]  # the first run stops while making sequence 5
+
+    def make(i: int) -> list[int]:
+        if i in stops:
+            stops.clear()
+            raise KeyboardInterrupt
+        made.append(i)
+        return corpus[i]
+
+    cut = Corpus(corpus.source, len(corpus), make)
+    with pytest.raises(KeyboardInterrupt):
+        cache_features(models, cut, FeatureSpec(), tmp_path, shard_tokens=100, progress=False)
+    partial = open_shards(tmp_path)
+    assert not partial.index.complete and 0 < partial.index.n_sequences < 5
+    with pytest.raises(SpecmlxError, match="cut short"):
+        open_shards(tmp_path, whole=True)
+    made.clear()
+    cache_features(models, cut, FeatureSpec(), tmp_path, shard_tokens=100, progress=False)
+    assert made[0] == partial.index.n_sequences  # nothing made again
+    resumed, whole = open_shards(tmp_path, whole=True), open_shards(data_dir, whole=True)
+    assert np.array_equal(resumed.tokens, whole.tokens)
+    assert mx.array_equal(resumed.features, whole.features)
+
+
+def test_the_manifest_rejects_another_target_and_other_data(models, other, corpus, data_dir):
+    with pytest.raises(SpecmlxError, match="another target"):
+        cache_features(other, corpus, FeatureSpec(), data_dir, progress=False)
+    with pytest.raises(SpecmlxError, match="another target"):
+        train_heads(other, fast(steps=2), data_dir, data_dir.parent / "x", progress=False)
+    fewer = Corpus(corpus.source, len(corpus) - 1, corpus.__getitem__)
+    with pytest.raises(SpecmlxError, match="sequences differ"):
+        cache_features(models, fewer, FeatureSpec(), data_dir, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_training_lowers_the_loss_and_saves_loadable_heads(models, data_dir, tmp_path, kind):
+    lr = {"medusa": 1e-2, "eagle": 3e-3}[kind]
+    report = train_heads(models, fast(kind=kind, steps=40, lr=lr), data_dir, tmp_path / "h", False)
+    log = json.loads((tmp_path / "h" / "train_log.json").read_text())["steps"]
+    first = np.mean([e["loss"] for e in log[:5]])
+    assert report.finished and report.steps == 40 and len(log) == 40
+    assert report.loss < 0.8 * first
+    assert (tmp_path / "h" / "loss.png").stat().st_size > 0
+    assert not (tmp_path / "h" / "checkpoint").exists()
+    heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
+    assert heads.config.training["steps"] == 40 and heads.config.training["seed"] == 0
+    assert heads.config.training["data"]["tokens"] == report.data_tokens
+    assert heads.d2t is not None and heads.d2t.shape == (96,)
+
+
+def weights(folder) -> dict[str, mx.array]:
+    return mx.load(str(folder / "model.safetensors"))
+
+
+def same(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
+    return a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_a_resumed_run_equals_an_uninterrupted_one(models, data_dir, tmp_path, kind):
+    config = fast(kind=kind, steps=10, checkpoint_every=4)
+    train_heads(models, config, data_dir, tmp_path / "whole", progress=False)
+    stopped = train_heads(models, config, data_dir, tmp_path / "cut", False, stop_after=6)
+    assert not stopped.finished and stopped.steps == 6
+    with pytest.raises(UsageError, match="unfinished run"):
+        train_heads(models, config, data_dir, tmp_path / "cut", progress=False)
+    with pytest.raises(UsageError, match="lr differ"):
+        train_heads(
+            models, fast(kind=kind, steps=10, lr=0.5), data_dir, tmp_path / "cut", False, True
+        )
+    resumed = train_heads(models, config, data_dir, tmp_path / "cut", progress=False, resume=True)
+    assert resumed.finished and resumed.steps == 10
+    assert same(weights(tmp_path / "whole"), weights(tmp_path / "cut"))
+    logs = [json.loads((tmp_path / d / "train_log.json").read_text()) for d in ("whole", "cut")]
+    assert logs[0]["steps"] == logs[1]["steps"]
+
+
+def test_the_same_seed_gives_the_same_weights(models, data_dir, tmp_path):
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        config = fast(kind="eagle", steps=4, seed=seed)
+        train_heads(models, config, data_dir, tmp_path / name, progress=False)
+    assert same(weights(tmp_path / "a"), weights(tmp_path / "b"))
+    assert not same(weights(tmp_path / "a"), weights(tmp_path / "c"))
+
+
+def test_batched_generation_gives_the_plain_greedy_answers(models, corpus):
+    batched = generate_corpus(models, PROMPTS, max_tokens=40, seed=0, batch_size=4)
+    assert [batched[i] for i in range(len(PROMPTS))] == [corpus[i] for i in range(len(corpus))]
+
+
+def test_eagle_trains_on_soft_targets_uncompiled(models, data_dir, tmp_path):
+    config = fast(kind="eagle", steps=3, soft_targets=True, compile=False)
+    report = train_heads(models, config, data_dir, tmp_path / "soft", progress=False)
+    assert report.finished and np.isfinite(report.loss) and len(report.losses) == 2
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_tokens_and_the_stop_tokens():
+    counts = np.array([5, 0, 9, 9, 1, 3])
+    assert draft_vocab(counts, 3).tolist() == [2, 3, 0]
+    assert draft_vocab(counts, 3, always=[1]).tolist() == [2, 3, 1]
+    assert draft_vocab(counts, 3, always=[2, 1]).tolist() == [2, 3, 1]
+
+
+def test_file_corpus_cuts_files_and_folders_into_sequences(models, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("def fibonacci(n):\n    return n\n" * 20)
+    (tmp_path / "src" / "b.txt").write_text("The quick brown fox jumps over the lazy dog. " * 10)
+    (tmp_path / "src" / ".hidden").mkdir()
+    (tmp_path / "src" / ".hidden" / "c.py").write_text("print(1)\n" * 50)
+    (tmp_path / "src" / "blob.bin").write_bytes(bytes(range(256)))
+    folder = file_corpus([tmp_path / "src"], models.tokenizer, seq_len=32)
+    globbed = file_corpus([str(tmp_path / "src" / "*.py")], models.tokenizer, seq_len=32)
+    assert folder.source["files"] == 2 and globbed.source["files"] == 1
+    assert all(16 <= len(folder[i]) <= 32 for i in range(len(folder)))
+    assert len(folder) > len(globbed) > 1
+    with pytest.raises(UsageError, match="no files match"):
+        file_corpus([str(tmp_path / "*.rs")], models.tokenizer)
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def test_no_bench_prompt_is_in_the_training_prompts():
+    training = train_prompts()
+    assert len(training) >= 150 and len(set(training)) == len(training)
+    for suite in SUITES:
+        for prompt in load_suite(suite).prompts:
+            assert prompt.text not in training
+            # Nor a near copy: no training prompt shares most of a bench prompt's words.
+            bench = words(prompt.text)
+            for text in training:
+                overlap = len(bench & words(text)) / len(bench | words(text))
+                assert overlap < 0.5, (prompt.id, text)
+
+
+def test_ctrl_c_checkpoints_the_step_under_way_and_the_run_resumes(
+    models, data_dir, tmp_path, monkeypatch
+):
+    from specmlx.heads import objectives
+
+    config = fast(steps=8, checkpoint_every=100)
+    train_heads(models, config, data_dir, tmp_path / "whole", progress=False)
+    positions = objectives.Windows.positions
+
+    def interrupted(self, step):
+        if step == 3:  # Ctrl-C while step 4 is being prepared
+            signal.raise_signal(signal.SIGINT)
+        return positions(self, step)
+
+    monkeypatch.setattr(objectives.Windows, "positions", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_heads(models, config, data_dir, tmp_path / "cut", progress=True)
+    monkeypatch.undo()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    resumed = train_heads(models, config, data_dir, tmp_path / "cut", progress=True, resume=True)
+    assert resumed.finished
+    log = json.loads((tmp_path / "cut" / "train_log.json").read_text())["steps"]
+    assert same(weights(tmp_path / "whole"), weights(tmp_path / "cut")) and len(log) == 8
