@@ -1,10 +1,10 @@
 """specmlx's own cost per step: host time and host syncs, with the models' time taken away.
 
 `measure_overhead` runs every method (the target alone, the draft model, prompt lookup,
-lookahead) at each k asked for, fixed or adaptive, through the one loop
-(`specmlx.decode.decode`) on tiny random-weight llamas built in-process (hidden 64, 2
+lookahead, Medusa and EAGLE heads) at each k asked for, fixed or adaptive, through the one
+loop (`specmlx.decode.decode`) on tiny random-weight llamas built in-process (hidden 64, 2
 layers, a vocabulary of 512; the draft model is a second one, other weights, same
-vocabulary). Their calls take a fraction of a millisecond, so what a step costs here is
+vocabulary; the heads have small random weights, EAGLE's tree a fixed 32 nodes). Their calls take a fraction of a millisecond, so what a step costs here is
 what specmlx adds around the calls: drafting logic, verification, rewinds, the policy.
 No tokenizer is involved: the loop takes token ids, and nothing stops a generation early.
 
@@ -30,7 +30,7 @@ from specmlx.cache import Sequence
 from specmlx.calibration import CALIBRATION_KS
 from specmlx.costs import CostProfile, measure_costs
 from specmlx.decode import decode
-from specmlx.methods import METHODS
+from specmlx.methods import METHODS, EagleOptions
 from specmlx.syncs import counting_syncs
 
 
@@ -75,12 +75,42 @@ def tiny_llama(vocab_size: int = 512, seed: int = 0) -> nn.Module:
 
 
 def tiny_models(vocab_size: int = 512, seed: int = 0) -> Models:
-    """A tiny target and a tiny draft model of the same vocabulary; no tokenizer."""
+    """A tiny target, a tiny draft model of the same vocabulary and random heads for the
+    target; no tokenizer."""
+    target = tiny_llama(vocab_size, seed)
     return Models(
-        target=tiny_llama(vocab_size, seed),
+        target=target,
         tokenizer=None,
         draft=tiny_llama(vocab_size, seed + 1),
+        heads=tiny_heads(target, seed + 2),
     )
+
+
+def tiny_heads(target: nn.Module, seed: int) -> dict[str, nn.Module]:
+    """Medusa heads and an EAGLE head for `target`, with small random trained weights."""
+    from dataclasses import asdict
+
+    from mlx.utils import tree_flatten, tree_map
+
+    from specmlx.heads import HeadsConfig
+    from specmlx.heads.eagle import EagleHead
+    from specmlx.heads.medusa import MedusaHeads
+
+    sizes = dict(
+        hidden_size=target.args.hidden_size,
+        target_vocab=target.args.vocab_size,
+        draft_vocab=target.args.vocab_size,
+    )
+    medusa = MedusaHeads.create(HeadsConfig(kind="medusa", **sizes), target)
+    eagle = EagleHead.create(
+        HeadsConfig(kind="eagle", target_args=asdict(target.args), **sizes), target
+    )
+    mx.random.seed(seed)
+    for heads in (medusa, eagle):
+        weights = heads.trainable_parameters()
+        heads.update(tree_map(lambda w: 0.05 * mx.random.normal(w.shape), weights))
+        mx.eval(tree_flatten(heads.trainable_parameters()))
+    return {"medusa": medusa, "eagle": eagle}
 
 
 def measure_overhead(
@@ -108,7 +138,12 @@ def measure_overhead(
     for method in methods or list(METHODS):
         for k in (0,) if method == "none" else dict.fromkeys(ks):
             # k 0 (the target alone) needs none: without a drafter the policy plans k = 0.
-            config = GenerationConfig(method=method, k=k or None, max_tokens=max_tokens)
+            # A fixed EAGLE tree: sizing it from costs would need a calibration of the tiny
+            # target, and would measure the sizing rule rather than the drafter.
+            options = EagleOptions(tree_size=32) if method == "eagle" else None
+            config = GenerationConfig(
+                method=method, options=options, k=k or None, max_tokens=max_tokens
+            )
             for _ in range(warmup):
                 _run(models, config, prompt, profile)
             rows.append(_measure(models, config, prompt, profile, method, k))

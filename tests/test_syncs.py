@@ -86,3 +86,18 @@ def test_the_confidence_stop_rule_syncs_at_most_once_per_drafted_token(llama):
     for count, n in zip(counts, drafted, strict=True):
         # One per drafted token (its confidence), one for the draft's timing, one verify.
         assert count <= n + 2, (counts, drafted)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_heads_sync_once_to_read_their_tree_and_once_to_verify(llama, method):
+    from specmlx.drafters.eagle import EagleDrafter
+    from specmlx.drafters.medusa import MedusaDrafter
+    from specmlx.overhead import tiny_heads
+
+    target, tokenizer, _ = llama
+    heads = tiny_heads(target, seed=3)[method]
+    drafter = MedusaDrafter(heads, 16) if method == "medusa" else EagleDrafter(heads, 16)
+    ids = tokenizer.encode(PROMPTS[1])
+    counts, drafted = syncs_per_step(target, ids, drafter, FixedK(4), GREEDY)
+    assert any(drafted)
+    assert counts and all(count <= 2 for count in counts), counts
