@@ -159,7 +159,8 @@ def _load(refs: ModelRefs, config: GenerationConfig) -> Models:
     refs.check(named)
     err = Console(stderr=True)
     with err.status("loading models…"):
-        default_draft = not named or named[0].needs_draft_model
+        # With heads and no method, the heads draft: the pair's draft model stays unloaded.
+        default_draft = named[0].needs_draft_model if named else not refs.heads
         models = load(refs.target, refs.draft, heads=refs.heads, default_draft=default_draft)
     used = method_of(models, config)
     if config.k is None and used.name != "none":

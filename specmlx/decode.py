@@ -5,7 +5,7 @@ the drafter proposes up to that many tokens, as a chain or a tree; the target sc
 drafts] in one call; an acceptance rule from `specmlx.verify` keeps a prefix (a path, for a
 tree) of the drafts and adds one token of the target's own; both sides drop what was not
 kept; the policy learns what happened. One host sync per step (the drafter may add one per
-drafted token where a stop rule reads its confidences). Without a drafter the loop is plain
+drafted token where a stop rule reads its confidences, and heads one to read their tree). Without a drafter the loop is plain
 decoding, the baseline, double-buffered as mlx-lm's: the next token's call is queued before
 the host reads the current one.
 """

@@ -174,12 +174,31 @@ METHODS: dict[str, Method] = {
         Method("draft", "a small draft model of the same tokenizer", DraftOptions, True, _draft),
         Method("ngram", "prompt lookup, no draft model", NgramOptions, False, _ngram),
         Method(
-            "lookahead", "Lookahead decoding, no draft model", LookaheadOptions, False, _lookahead
+            "lookahead",
+            "Lookahead decoding, no draft model",
+            LookaheadOptions,
+            False,
+            _lookahead,
+            drafts_trees=True,
         ),
         Method(
-            "medusa", "Medusa heads (--heads), token trees", MedusaOptions, False, _medusa, True
+            "medusa",
+            "Medusa heads (--heads), token trees",
+            MedusaOptions,
+            False,
+            _medusa,
+            needs_heads=True,
+            drafts_trees=True,
         ),
-        Method("eagle", "EAGLE heads (--heads), dynamic trees", EagleOptions, False, _eagle, True),
+        Method(
+            "eagle",
+            "EAGLE heads (--heads), dynamic token trees",
+            EagleOptions,
+            False,
+            _eagle,
+            needs_heads=True,
+            drafts_trees=True,
+        ),
     )
 }
 

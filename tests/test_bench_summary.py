@@ -160,3 +160,24 @@ def test_csv_and_markdown_render_missing_values() -> None:
     text = to_csv(report)
     assert text.splitlines()[1].startswith("0.0,code,none,none,0")
     assert "| 0 | code | none |" in markdown(report)
+
+
+def test_tree_rows_report_their_verified_tokens_and_no_chain_model_fit() -> None:
+    """A tree row verifies 1 + 15 nodes a call: no α or prediction from the chain model,
+    which prices k + 1 tokens; a chain row at k = 3 gets both."""
+    from specmlx.costs import CostProfile
+
+    tree, chain = RowSpec("medusa", 4), RowSpec("draft", 3)
+    config = _synthetic_config((NONE, tree, chain))
+    runs = [
+        measured(NONE, 0, [(0, 1, 0.1)] * 6),
+        measured(tree, 0, [(15, 3, 0.12)] * 6),
+        measured(chain, 0, [(3, 2, 0.12)] * 6),
+    ]
+    costs = CostProfile(0.1, 0.03, {n: 1.0 + 0.02 * n for n in range(1, 17)})
+    report = build_report(config, runs, fake_environment(), costs)
+    validate(report)
+    lines = {s.row: s for s in report.summary}
+    assert lines[tree].verified_per_call == pytest.approx(1 + 15 * 6 / 7)
+    assert lines[tree].alpha is None and lines[tree].predicted_speedup is None
+    assert lines[chain].alpha is not None and lines[chain].predicted_speedup is not None

@@ -149,6 +149,8 @@ class EagleDrafter:
         """A tree of at most tree_size nodes, min(depth, k) levels deep. One host sync."""
         assert self.target is not None, "propose before prefill"
         assert len(self.target.tokens) == len(context) - 1, "the target must hold context[:-1]"
+        if len(context) < 2:
+            return Draft(mx.array([], mx.uint32))  # no hidden state yet: a plain step
         self._reuse(context)
         root = self._feed(context, len(context) - 1)[-1:]  # predicts the token after `last`
         ids, scores, parents = self._grow(root, min(self.depth, k))

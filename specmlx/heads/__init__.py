@@ -2,9 +2,21 @@
 
 They draft from the features the target computes anyway, so they need no second model;
 each is bound to the one target it was trained on. `load_heads` reads our folders and the
-published Medusa / EAGLE / EAGLE-3 layouts, `save_heads` writes ours.
+published Medusa / EAGLE / EAGLE-3 layouts, `save_heads` writes ours. MLX is imported on
+first use of these names, so the CLI's `train-heads` command (heads/command.py) keeps
+`specmlx --help` fast.
 """
 
-from specmlx.heads.base import HeadsConfig, load_heads, method_of_heads, save_heads
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["HeadsConfig", "load_heads", "method_of_heads", "save_heads"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from specmlx.heads import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -309,6 +309,8 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
         raise SpecmlxError(f"{folder}: the draft vocabulary does not match its config")
     if config.kind == "medusa":
         from specmlx.heads.medusa import MedusaHeads as kind
+    elif config.kind == "eagle3":
+        from specmlx.heads.eagle3 import Eagle3Head as kind
     else:
         from specmlx.heads.eagle import EagleHead as kind
     # Full vocabulary: the plain two-argument create every kind has.

@@ -98,12 +98,28 @@ def train_heads(
 
     from specmlx.api import load
     from specmlx.features import FeatureSpec
+    from specmlx.heads.checkpoint import check_out_dir, has_checkpoint
     from specmlx.heads.data import cache_features, file_corpus, generate_corpus
+    from specmlx.heads.train import settings_record
     from specmlx.heads.train import train_heads as run_training
 
     err = Console(stderr=True, highlight=False)
+    # What can be wrong with OUT is said before hours of generating and caching.
+    check_out_dir(out)
+    if _finished(out) and not has_checkpoint(out):
+        if _finished(out) != settings_record(config):
+            raise UsageError(
+                f"{out} holds heads trained with other settings; delete it or choose another --out"
+            )
+        err.print(f"{out} already holds these heads: nothing to do", soft_wrap=True)
+        return
     with err.status("loading the target…"):
         models = load(target, default_draft=False)
+    if kind == "eagle":
+        from specmlx.heads.eagle import decoder_layer
+        from specmlx.heads.train import target_args
+
+        decoder_layer(target_args(models))  # a family EAGLE can copy a layer of, or one line
     corpus = None
     if self_distill:
         texts = _read_prompts(prompts) if prompts is not None else None
@@ -127,6 +143,16 @@ def train_heads(
         f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}",
         soft_wrap=True,
     )
+
+
+def _finished(out: Path) -> dict | None:
+    """The training settings of the finished heads in `out`, if it holds some."""
+    import json
+
+    try:
+        return json.loads((out / "config.json").read_text())["training"]["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _read_prompts(path: Path) -> list[str]:

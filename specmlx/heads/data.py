@@ -146,7 +146,9 @@ def _answer_batch(
         return_token_ids=True,
         sampler=sampler,
     ).token_ids
-    # mlx-lm leaves the stop token out: an answer shorter than max_tokens met one.
+    # mlx-lm leaves the stop token out: an answer shorter than max_tokens met one, and not
+    # which one when there are several; a chat answer ends its turn, and the primary EOS is
+    # the end-of-turn token of chat models (SmolLM2's and Qwen's <|im_end|>).
     stop = models.tokenizer.eos_token_id
     return [a + [stop] if len(a) < max_tokens and stop is not None else a for a in answers]
 

@@ -106,6 +106,8 @@ def _medusa(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.
     # `_fill` names any block a head lacks or has beyond head 0's.
     weights = {"heads." + n.removeprefix("medusa_head."): a for n, a in tensors.items()}
     index = [_MEDUSA_KEY.fullmatch(n).groups()[:2] for n in tensors]
+    if not any(i == "0" for i, _ in index):
+        raise SpecmlxError(f"{folder}: a Medusa checkpoint without head 0")
     n_heads = 1 + max(int(i) for i, _ in index)
     n_layers = max(int(j) for i, j in index if i == "0")  # a head's last module: its lm_head
     rows, hidden = _take(weights, f"heads.0.{n_layers}.weight", folder).shape
@@ -176,9 +178,9 @@ def _eagle_layer_args(folder: Path, config: dict, tensors: dict[str, mx.array], 
     return {
         "model_type": "qwen2" if biases == {"q", "k", "v"} else "llama",
         "attention_bias": len(biases) == 4,
-        "hidden_size": tensors["fc.weight"].shape[0],
+        "hidden_size": _take(tensors, "fc.weight", folder).shape[0],
         "num_hidden_layers": 1,
-        "intermediate_size": tensors["layers.0.mlp.gate_proj.weight"].shape[0],
+        "intermediate_size": _take(tensors, "layers.0.mlp.gate_proj.weight", folder).shape[0],
         "num_attention_heads": heads,
         "num_key_value_heads": config.get("num_key_value_heads") or heads,
         "rms_norm_eps": config.get("rms_norm_eps", 1e-6),

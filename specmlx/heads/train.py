@@ -145,7 +145,7 @@ def train_heads(
         raise UsageError(f"{data_dir} holds no sequence of 3 tokens or more to train on")
     total = config.steps or max(1, math.ceil(config.epochs * len(windows) / windows.batch_size))
     summary = _data_summary(data_dir, data, windows, d2t)
-    record = {"settings": _settings(config), "data": summary}
+    record = {"settings": settings_record(config), "data": summary}
 
     heads = _create(models, config, d2t)
     learning_rate = schedule(config.learning_rate, config.warmup, total, config.min_lr)
@@ -186,14 +186,15 @@ def train_heads(
 
     final = run.final()
     training = {"data": summary, "steps": total, "seed": config.seed, "losses": final}
-    training |= {"seconds": round(run.seconds, 2), "settings": _settings(config)}
+    training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
     heads.config = replace(heads.config, training=training)
-    log = {"settings": _settings(config), "data": summary, "steps": run.log}
+    log = {"settings": settings_record(config), "data": summary, "steps": run.log}
     plot = ckpt.publish(heads, out_dir, log)
     return _report(out_dir, config, run, total, summary, finished=True, plot=plot)
 
 
-def _settings(config: TrainConfig) -> dict:
+def settings_record(config: TrainConfig) -> dict:
+    """The settings as recorded with the heads and checked on resume."""
     return {**asdict(config), "feature_layers": list(config.feature_layers)}
 
 
@@ -232,7 +233,7 @@ def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.M
         feature_layers=config.feature_layers,
         num_heads=config.num_heads if medusa else 1,
         num_layers=config.num_layers if medusa else 1,
-        target_args={} if medusa else _target_args(models),
+        target_args={} if medusa else target_args(models),
         fingerprint=fingerprint(target, models.tokenizer),
     )
     if medusa:
@@ -248,7 +249,7 @@ def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.M
     return heads
 
 
-def _target_args(models: Models) -> dict:
+def target_args(models: Models) -> dict:
     """The target's config.json (what mlx-lm builds its blocks from)."""
     path = models.target_path and Path(models.target_path) / "config.json"
     if path and path.is_file():

@@ -114,7 +114,8 @@ def _load(err: Console, opts: SharedOptions, config: GenerationConfig) -> Models
     named = [METHODS[config.method]] if config.method is not None else []
     opts.models.check(named)
     with err.status("loading models…"):
-        default_draft = not named or named[0].needs_draft_model
+        # With heads and no method, the heads draft: the pair's draft model stays unloaded.
+        default_draft = named[0].needs_draft_model if named else not opts.models.heads
         models = load(
             opts.models.target,
             opts.models.draft,
