@@ -116,3 +116,41 @@ def test_heads_flags_become_the_options_of_the_method_in_use():
     assert flags.options(flags.method("medusa")) == MedusaOptions(tree_size=12, width=3)
     assert flags.options(flags.method("eagle")) == EagleOptions(tree_size=12, width=3)
     assert MethodFlags(depth=3).method(None).name == "eagle"
+
+
+def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
+    out = tmp_path / "medusa"
+    args = ["train-heads", "--target", str(tiny_dirs["llama"]), "--out", str(out), "--limit", "2"]
+    args += ["--answer-tokens", "12", "--steps", "3", "--seq-len", "16", "--batch-tokens", "32"]
+    first = invoke(*args, "--draft-vocab", "0")
+    assert first.exit_code == 0, first.output
+    assert {"config.json", "model.safetensors", "train_log.json"} <= {p.name for p in out.iterdir()}
+    again = invoke(*args, "--draft-vocab", "0")
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    other = invoke(*args, "--draft-vocab", "64")  # other settings, same OUT
+    assert other.exit_code != 0 and "other settings" in other.output.splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--kind", "hydra"], "kind must be medusa or eagle"),
+        (["--no-self-distill"], "nothing to train on"),
+        (["--files", "/no/such/file"], "no such file"),
+    ],
+)
+def test_train_heads_bad_input_is_one_line(tiny_dirs, tmp_path, extra, needle):
+    result = invoke(
+        "train-heads", "--target", str(tiny_dirs["llama"]), "--out", str(tmp_path / "h"), *extra
+    )
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert needle in result.output.splitlines()[-1], result.output
+
+
+def test_train_heads_refuses_a_folder_of_other_files_before_any_work(tiny_dirs, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "important.txt").write_text("keep me")
+    result = invoke("train-heads", "--target", str(tiny_dirs["llama"]), "--out", str(out))
+    assert result.exit_code != 0 and "not a heads folder" in result.output.splitlines()[-1]
+    assert not (tmp_path / "mine.data").exists()  # nothing generated or cached
