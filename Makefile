@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-stock-blas bench-gpu bench-heads heads heads-smollm2 heads-qwen openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-stock-blas bench-gpu bench-heads bench-heads-qwen heads heads-smollm2 heads-qwen openblas clean
 
 install: .venv/.installed
 
@@ -111,14 +111,21 @@ heads-qwen: models openblas
 		$(HEAD_FILES) --answer-tokens 384 --steps 600 --seq-len 512 --batch-tokens 1024 \
 		--draft-vocab 8192
 
-# The heads beside the draft model and prompt lookup, on the Qwen target (after make heads)
-# and on SmolLM2 (its committed heads).
+# The heads beside prompt lookup on SmolLM2 (its committed heads), and beside the draft model
+# on the Qwen target (after `make heads-qwen`).
 bench-heads: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads models/heads/smollm2-135m-medusa \
 		--heads models/heads/smollm2-135m-eagle --method medusa --method eagle --method ngram \
-		-k auto --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2 \
+		-k 4 -k auto --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2 \
 		$(call BENCH_OUT,bench-heads-smollm2)
+
+bench-heads-qwen: models openblas
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
+		--heads models/heads/qwen2.5-coder-1.5b-medusa --heads models/heads/qwen2.5-coder-1.5b-eagle \
+		--method medusa --method eagle --method draft --method ngram -k auto --suite all \
+		--limit 2 --temp 0 --max-tokens 64 --mlx-lm-k 4 --repeats 2 $(call BENCH_OUT,bench-heads-qwen)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:
