@@ -251,3 +251,30 @@ def test_ctrl_c_checkpoints_the_step_under_way_and_the_run_resumes(
     assert resumed.finished
     log = json.loads((tmp_path / "cut" / "train_log.json").read_text())["steps"]
     assert same(weights(tmp_path / "whole"), weights(tmp_path / "cut")) and len(log) == 8
+
+
+def test_an_unrolled_eagle_step_scores_the_head_on_its_own_predictions(models, data_dir):
+    """unroll=2 adds a second step fed the head's own predicted features: the first step's
+    terms are those of unroll=1, the total grows, and each step has its accuracy."""
+    from specmlx.heads.base import HeadsConfig, target_vocab
+    from specmlx.heads.eagle import EagleHead
+    from specmlx.heads.objectives import Windows, eagle_batch, eagle_loss, t2d_table
+    from specmlx.heads.train import target_args
+
+    data = open_shards(data_dir, whole=True)
+    vocab = target_vocab(models.target)
+    config = HeadsConfig(
+        kind="eagle",
+        hidden_size=models.target.args.hidden_size,
+        target_vocab=vocab,
+        draft_vocab=vocab,
+        target_args=target_args(models),
+    )
+    head = EagleHead.create(config, models.target)
+    pos, end = Windows(data, 16, 2, seed=0).positions(0)
+    one = eagle_batch(data, pos, end, t2d_table(None, vocab), unroll=1)
+    two = eagle_batch(data, pos, end, t2d_table(None, vocab), unroll=2)
+    loss1, terms1, acc1 = eagle_loss(head, *one, ce_weight=0.1, soft=False)
+    loss2, terms2, acc2 = eagle_loss(head, *two, ce_weight=0.1, soft=False)
+    assert mx.allclose(terms1, terms2) and acc2.shape == (2,) and acc1.shape == (1,)
+    assert loss2.item() > loss1.item()

@@ -71,6 +71,7 @@ class TrainConfig:
     medusa_decay: float = 0.8  # head i's loss weight: decay ** i
     eagle_ce_weight: float = 0.1
     soft_targets: bool = False  # eagle: cross-entropy against the target's distribution
+    unroll: int = 2  # eagle: steps the head runs on its own predictions in the loss
     checkpoint_every: int = 100
     compile: bool = True
 
@@ -79,6 +80,7 @@ class TrainConfig:
             raise UsageError(f"unknown heads kind {self.kind!r}; choose from {', '.join(KINDS)}")
         positive = {"seq-len": self.seq_len, "batch-tokens": self.batch_tokens}
         positive |= {"num-heads": self.num_heads, "checkpoint-every": self.checkpoint_every}
+        positive["unroll"] = self.unroll
         if self.steps is not None:
             positive["steps"] = self.steps
         if self.draft_vocab is not None:
@@ -161,7 +163,7 @@ def train_heads(
         loss_fn = partial(
             eagle_loss, heads, ce_weight=config.eagle_ce_weight, soft=config.soft_targets
         )
-        batch_of = partial(eagle_batch, data, t2d=t2d_table(d2t, vocab))
+        batch_of = partial(eagle_batch, data, t2d=t2d_table(d2t, vocab), unroll=config.unroll)
     step_fn = step_function(heads, optimizer, loss_fn, config.grad_clip, config.compile)
 
     with (
