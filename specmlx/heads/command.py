@@ -106,8 +106,11 @@ def train_heads(
     err = Console(stderr=True, highlight=False)
     # What can be wrong with OUT is said before hours of generating and caching.
     check_out_dir(out)
-    if _finished(out) and not has_checkpoint(out):
-        if _finished(out) != settings_record(config):
+    finished = _finished(out)
+    if finished is not None and not has_checkpoint(out):
+        wanted, defaults = settings_record(config), settings_record(TrainConfig())
+        # A setting newer than the heads counts as its default (what they were trained with).
+        if any(finished.get(key, defaults.get(key)) != value for key, value in wanted.items()):
             raise UsageError(
                 f"{out} holds heads trained with other settings; delete it or choose another --out"
             )
