@@ -65,14 +65,15 @@ class LookaheadOptions:
 
 @dataclass(frozen=True)
 class MedusaOptions:
-    """Medusa heads (`--heads`): trees of at most `tree_size` tokens (root included) from
-    each head's top `width` tokens."""
+    """Medusa heads (`--heads`): trees of the most probable paths through each head's top
+    `width` tokens; `tree_size` None keeps as many as pay for their verification (from the
+    calibrated v(n)), a number keeps that many (root included)."""
 
-    tree_size: int = 32
+    tree_size: int | None = None
     width: int = 8
 
     def __post_init__(self) -> None:
-        if self.tree_size < 2 or self.width < 1:
+        if (self.tree_size is not None and self.tree_size < 2) or self.width < 1:
             raise UsageError("medusa needs tree-size >= 2 and width >= 1")
 
 
@@ -91,8 +92,8 @@ class EagleOptions:
             raise UsageError("eagle needs tree-size >= 2, depth >= 1 and width >= 1")
 
 
-# The most nodes a cost-sized EAGLE tree may keep (root included).
-EAGLE_MAX_TREE = 64
+# The most nodes a cost-sized tree of heads may keep (root included).
+MAX_TREE = 64
 
 MethodOptions = (
     NoOptions | DraftOptions | NgramOptions | LookaheadOptions | MedusaOptions | EagleOptions
@@ -149,7 +150,10 @@ def _heads(models: Models, name: str) -> Any:
 def _medusa(models: Models, options: MedusaOptions, sampling: SamplingConfig) -> Drafter:
     from specmlx.drafters.medusa import MedusaDrafter
 
-    return MedusaDrafter(_heads(models, "medusa"), options.tree_size, options.width)
+    heads = _heads(models, "medusa")
+    if options.tree_size is not None:
+        return MedusaDrafter(heads, options.tree_size, options.width)
+    return MedusaDrafter(heads, MAX_TREE, options.width, verify_cost=_verify_cost(models))
 
 
 def _eagle(models: Models, options: EagleOptions, sampling: SamplingConfig) -> Drafter:
@@ -158,13 +162,17 @@ def _eagle(models: Models, options: EagleOptions, sampling: SamplingConfig) -> D
     head = _heads(models, "eagle")
     if options.tree_size is not None:
         return EagleDrafter(head, options.tree_size, options.depth, options.width)
+    return EagleDrafter(
+        head, MAX_TREE, options.depth, options.width, verify_cost=_verify_cost(models)
+    )
+
+
+def _verify_cost(models: Models) -> Callable[[int], float]:
+    """The target's calibrated cost of an n-token call over a one-token call, by which heads
+    size their trees per step (no draft model to time)."""
     from specmlx.calibration import load_or_measure
 
-    # Sized per step from the target's calibrated verify costs (no draft model to time).
-    profile, _ = load_or_measure(models, with_draft=False)
-    return EagleDrafter(
-        head, EAGLE_MAX_TREE, options.depth, options.width, verify_cost=profile.verify_cost
-    )
+    return load_or_measure(models, with_draft=False)[0].verify_cost
 
 
 METHODS: dict[str, Method] = {

@@ -4,7 +4,7 @@
 lookahead, Medusa and EAGLE heads) at each k asked for, fixed or adaptive, through the one
 loop (`specmlx.decode.decode`) on tiny random-weight llamas built in-process (hidden 64, 2
 layers, a vocabulary of 512; the draft model is a second one, other weights, same
-vocabulary; the heads have small random weights, EAGLE's tree a fixed 32 nodes). Their calls take a fraction of a millisecond, so what a step costs here is
+vocabulary; the heads have small random weights, their trees a fixed 32 nodes). Their calls take a fraction of a millisecond, so what a step costs here is
 what specmlx adds around the calls: drafting logic, verification, rewinds, the policy.
 No tokenizer is involved: the loop takes token ids, and nothing stops a generation early.
 
@@ -30,7 +30,7 @@ from specmlx.cache import Sequence
 from specmlx.calibration import CALIBRATION_KS
 from specmlx.costs import CostProfile, measure_costs
 from specmlx.decode import decode
-from specmlx.methods import METHODS, EagleOptions
+from specmlx.methods import METHODS, EagleOptions, MedusaOptions
 from specmlx.syncs import counting_syncs
 
 
@@ -138,9 +138,10 @@ def measure_overhead(
     for method in methods or list(METHODS):
         for k in (0,) if method == "none" else dict.fromkeys(ks):
             # k 0 (the target alone) needs none: without a drafter the policy plans k = 0.
-            # A fixed EAGLE tree: sizing it from costs would need a calibration of the tiny
-            # target, and would measure the sizing rule rather than the drafter.
-            options = EagleOptions(tree_size=32) if method == "eagle" else None
+            # Fixed trees for heads: sizing them from costs would need a calibration of the
+            # tiny target, and would measure the sizing rule rather than the drafter.
+            options = {"eagle": EagleOptions(tree_size=32), "medusa": MedusaOptions(tree_size=32)}
+            options = options.get(method)
             config = GenerationConfig(
                 method=method, options=options, k=k or None, max_tokens=max_tokens
             )

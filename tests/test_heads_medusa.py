@@ -208,8 +208,8 @@ def test_the_tree_holds_the_most_probable_paths():
     rng = np.random.default_rng(0)
     probs = [sorted(rng.dirichlet(np.ones(50))[:3], reverse=True) for _ in range(3)]
     ids = [[10 * head + rank for rank in range(3)] for head in range(3)]
-    builder = drafter._best_paths(ids, [[float(p) for p in row] for row in probs])
-    assert len(builder.tokens) == 11
+    builder, scores = drafter._best_paths(ids, [[float(p) for p in row] for row in probs])
+    assert len(builder.tokens) == 11 and scores == sorted(scores, reverse=True)
     # Every path of up to 3 heads, ranked by its product: the tree is the best 11.
     scored = [
         (math.prod(probs[h][r] for h, r in enumerate(ranks)), ranks)
@@ -319,3 +319,18 @@ def test_sampled_medusa_keeps_the_target_distribution(tiny_dirs):
         pairs.append((out[0], out[1]))
     assert accepted > 100  # drafted tokens were kept: the tree's accept path is exercised
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) > 0.01
+
+
+def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay():
+    """With free verification every node pays; with dear verification none does; the nodes
+    kept are always a prefix of the best-first order, so they form a tree."""
+    heads = type("Stub", (), {"config": HeadsConfig("medusa", 8, 50, 50, num_heads=3)})()
+    probs = [[0.6, 0.2, 0.1], [0.5, 0.3, 0.1], [0.4, 0.2, 0.1]]
+    ids = [[10 * head + rank for rank in range(3)] for head in range(3)]
+    full, scores = MedusaDrafter(heads, 12, 3)._best_paths(ids, probs)
+    free = MedusaDrafter(heads, 12, 3, verify_cost=lambda n: 1.0)
+    dear = MedusaDrafter(heads, 12, 3, verify_cost=lambda n: float(n))
+    from specmlx.drafters.eagle import best_tree_size
+
+    assert best_tree_size(scores, free.verify_cost, 0.0) == len(full.tokens)
+    assert best_tree_size(scores, dear.verify_cost, 0.0) == 0

@@ -14,11 +14,13 @@ The heads are stateless, so there is nothing to rewind in `commit`.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.drafters.eagle import best_tree_size
 from specmlx.errors import UsageError
 from specmlx.features import FeatureSpec
 from specmlx.heads.medusa import MedusaHeads
@@ -37,13 +39,22 @@ class MedusaDrafter:
     # trained briefly on little data do worse: the policy starts from the top-1 rate.
     PRIOR_ACCEPTANCE = 0.6
 
-    def __init__(self, heads: MedusaHeads, tree_size: int = 32, width: int = 8):
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        tree_size: int = 32,
+        width: int = 8,
+        verify_cost: Callable[[int], float] | None = None,
+    ):
         if tree_size < 2 or width < 1:
             raise UsageError(
                 f"a Medusa tree needs tree_size >= 2 and width >= 1, got {tree_size} and {width}"
             )
         self.heads = heads
         self.tree_size = tree_size
+        # Given the target's verify costs, each proposal keeps only the nodes that pay for
+        # their verification (`best_tree_size`, the paths' scores as acceptance estimates).
+        self.verify_cost = verify_cost
         self.width = min(width, heads.config.draft_vocab)
         self.traits = DrafterTraits(
             "medusa",
@@ -67,18 +78,26 @@ class MedusaDrafter:
         newest = target.feature_rows(n_cached - 1)[0]  # (F,) it predicted context[-1]
         ids, probs = self.heads.top_candidates(newest, self.width, depth)  # (depth, width)
         host = mx.concatenate([ids.astype(mx.float32), probs]).tolist()  # the one sync here
-        builder = self._best_paths(host[:depth], host[depth:])
-        return Draft(mx.array(builder.tokens, mx.uint32), tree=builder.tree())
+        builder, scores = self._best_paths(host[:depth], host[depth:])
+        n = len(builder.tokens)
+        if self.verify_cost is not None:
+            n = best_tree_size(scores, self.verify_cost, 0.0)
+        # Nodes came best first, parents before children: any prefix of them is a tree.
+        tree = Tree(tuple(builder.parents[:n]))
+        return Draft(mx.array(builder.tokens[:n], mx.uint32), tree=tree)
 
-    def _best_paths(self, ids: list[list[float]], probs: list[list[float]]) -> TreeBuilder:
+    def _best_paths(
+        self, ids: list[list[float]], probs: list[list[float]]
+    ) -> tuple[TreeBuilder, list[float]]:
         """The tree of the tree_size - 1 best paths through the heads' candidates.
 
         A path is a tuple of ranks, one per head from the first; its score is the product of
         the ranked tokens' probabilities (each capped at 1 against rounding, so a child never
-        outscores its parent, and on a tie the shorter tuple, the parent, pops first).
+        outscores its parent, and on a tie the shorter tuple, the parent, pops first). Also
+        the nodes' scores, in the order they were added (non-increasing).
         """
         depth = len(ids)
-        builder = TreeBuilder()
+        builder, scores = TreeBuilder(), []
         nodes: dict[tuple[int, ...], int] = {(): 0}
         frontier = [(-min(p, 1.0), (rank,)) for rank, p in enumerate(probs[0])]
         heapq.heapify(frontier)
@@ -86,10 +105,11 @@ class MedusaDrafter:
             neg_score, path = heapq.heappop(frontier)
             head = len(path) - 1
             nodes[path] = builder.add(nodes[path[:-1]], round(ids[head][path[-1]]))
+            scores.append(-neg_score)
             if head + 1 < depth:
                 for rank, p in enumerate(probs[head + 1]):
                     heapq.heappush(frontier, (neg_score * min(p, 1.0), (*path, rank)))
-        return builder
+        return builder, scores
 
     def commit(self, verdict: Verdict) -> None:
         pass  # stateless: the next proposal reads the target's newest row, nothing to rewind
