@@ -386,3 +386,22 @@ def test_shutdown_ends_open_streams_and_the_worker(models, monkeypatch):
     with pytest.raises(httpx.HTTPError):
         list(lines)  # the stream was cut, not finished
     stream.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_heads_serve_what_generate_gives(models, method):
+    from specmlx.methods import EagleOptions, MedusaOptions
+    from specmlx.overhead import tiny_heads
+
+    with_heads = replace(models, heads=tiny_heads(models.target, seed=5))
+    options = {"medusa": MedusaOptions(tree_size=8), "eagle": EagleOptions(tree_size=8)}[method]
+    config = GenerationConfig(options=options, k=3, max_tokens=16)
+    want = specmlx.generate(with_heads, chat_of("for i in range(10):"), config)
+    with running(with_heads, config=config) as s:
+        reply = s.client().chat.completions.create(
+            model=MODEL, messages=chat_of("for i in range(10):"), max_tokens=16
+        )
+    assert reply.choices[0].message.content == want.text
+    speculation = reply.usage.model_dump()["speculation"]
+    assert speculation["method"] == method and speculation["drafted"] > 0
+    assert 1 < speculation["verified_per_call"] <= 8

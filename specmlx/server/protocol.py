@@ -131,7 +131,10 @@ def new_id(kind: Kind) -> str:
 
 
 def usage(stats: Stats, method: str, k: int | str | None) -> dict[str, Any]:
-    """OpenAI's token counts, and how the speculation went."""
+    """OpenAI's token counts, and how the speculation went (`verified_per_call`: the tokens a
+    speculative call scored, k + 1 for a chain, the tree's nodes for a tree)."""
+    speculative_calls = stats.target_calls - stats.plain_steps
+    verified = 1 + stats.drafted / speculative_calls if speculative_calls else None
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.tokens,
@@ -143,6 +146,7 @@ def usage(stats: Stats, method: str, k: int | str | None) -> dict[str, Any]:
             "accepted": stats.accepted,
             "acceptance_rate": round(stats.acceptance_rate, 4),
             "tokens_per_call": round(stats.tokens_per_call, 4),
+            "verified_per_call": None if verified is None else round(verified, 2),
         },
     }
 
