@@ -162,6 +162,25 @@ class TargetOutput:
         return self._layer(hidden)
 
 
+def check_fits(
+    config: HeadsConfig, target_model: nn.Module, d2t: mx.array | None, what: str
+) -> None:
+    """Heads of `config` can sit on `target_model`: its hidden size and vocabulary, and d2t
+    ids exactly when the draft vocabulary is smaller. `what` names them in the error."""
+    if config.hidden_size != target_model.args.hidden_size:
+        raise SpecmlxError(
+            f"{what} of hidden size {config.hidden_size} on a target of "
+            f"{target_model.args.hidden_size}"
+        )
+    if config.target_vocab != target_vocab(target_model):
+        raise SpecmlxError(
+            f"{what} over {config.target_vocab} target tokens on a target of "
+            f"{target_vocab(target_model)}"
+        )
+    if (d2t is None) != (config.draft_vocab == config.target_vocab):
+        raise SpecmlxError("a draft vocabulary smaller than the target's needs its d2t ids")
+
+
 def fingerprint(model: nn.Module, tokenizer: Any | None) -> dict[str, Any]:
     """What identifies a target: its shapes, its tokenizer, and a probe of its embeddings."""
     inner = backbone(model)

@@ -29,7 +29,7 @@ from mlx_lm.utils import _get_classes
 from specmlx.cache import SpecKVCache
 from specmlx.errors import SpecmlxError
 from specmlx.features import FeatureSpec, backbone
-from specmlx.heads.base import HeadsConfig, TargetOutput, output_rows, target_vocab
+from specmlx.heads.base import HeadsConfig, TargetOutput, check_fits, output_rows
 from specmlx.tree import PositionedRoPE
 
 
@@ -187,15 +187,4 @@ class EagleHead(nn.Module):
 def _check(config: HeadsConfig, target_model: nn.Module, d2t: mx.array | None) -> None:
     if config.kind != "eagle":
         raise SpecmlxError(f"EagleHead got a config of kind {config.kind!r}")
-    if config.hidden_size != target_model.args.hidden_size:
-        raise SpecmlxError(
-            f"an EAGLE head of hidden size {config.hidden_size} on a target of "
-            f"{target_model.args.hidden_size}"
-        )
-    if config.target_vocab != target_vocab(target_model):
-        raise SpecmlxError(
-            f"an EAGLE head over {config.target_vocab} target tokens on a target of "
-            f"{target_vocab(target_model)}"
-        )
-    if (d2t is None) != (config.draft_vocab == config.target_vocab):
-        raise SpecmlxError("a draft vocabulary smaller than the target's needs its d2t ids")
+    check_fits(config, target_model, d2t, "an EAGLE head")

@@ -28,7 +28,7 @@ from mlx_lm.models.base import create_attention_mask
 from specmlx.cache import SpecKVCache
 from specmlx.errors import SpecmlxError
 from specmlx.features import FeatureSpec, backbone
-from specmlx.heads.base import HeadsConfig, output_rows, target_vocab
+from specmlx.heads.base import HeadsConfig, check_fits, output_rows
 from specmlx.tree import PositionedRoPE
 
 # The draft layer's config keys the llama block reads (from the checkpoint's config.json).
@@ -171,16 +171,7 @@ class Eagle3Head(nn.Module):
         """A fresh head for `target_model` (random layers; lm_head the target's rows)."""
         if config.kind != "eagle3":
             raise SpecmlxError(f"Eagle3Head got a config of kind {config.kind!r}")
-        if config.hidden_size != target_model.args.hidden_size:
-            raise SpecmlxError(
-                f"an EAGLE-3 head of hidden size {config.hidden_size} on a target of "
-                f"{target_model.args.hidden_size}"
-            )
-        if config.target_vocab != target_vocab(target_model):
-            raise SpecmlxError(
-                f"an EAGLE-3 head over {config.target_vocab} target tokens on a target of "
-                f"{target_vocab(target_model)}"
-            )
+        check_fits(config, target_model, d2t, "an EAGLE-3 head")
         head = cls(config, backbone(target_model).embed_tokens, d2t)
         head.lm_head.weight = output_rows(target_model, d2t)
         mx.eval(head.parameters())

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specmlx.errors import SpecmlxError
-from specmlx.heads.base import HeadsConfig, TargetOutput, output_rows, target_vocab
+from specmlx.heads.base import HeadsConfig, TargetOutput, check_fits, output_rows
 
 
 class ResBlock(nn.Module):
@@ -112,15 +112,4 @@ def _check(config: HeadsConfig, target_model: nn.Module, d2t: mx.array | None) -
         raise SpecmlxError("Medusa heads read one hidden state: at most one feature layer")
     if config.num_heads < 1 or config.num_layers < 0:
         raise SpecmlxError("Medusa needs at least one head and no negative number of blocks")
-    if config.hidden_size != target_model.args.hidden_size:
-        raise SpecmlxError(
-            f"heads of hidden size {config.hidden_size} on a target of "
-            f"{target_model.args.hidden_size}"
-        )
-    if config.target_vocab != target_vocab(target_model):
-        raise SpecmlxError(
-            f"heads over {config.target_vocab} target tokens on a target of "
-            f"{target_vocab(target_model)}"
-        )
-    if (d2t is None) != (config.draft_vocab == config.target_vocab):
-        raise SpecmlxError("a draft vocabulary smaller than the target's needs its d2t ids")
+    check_fits(config, target_model, d2t, "heads")
