@@ -145,15 +145,25 @@ def tree_call(model: nn.Module, cache: list[Any], tree: Tree) -> Iterator[None]:
             f"tree drafting needs attention KV caches; this model uses {', '.join(kinds)}"
         )
     mask, depths = tree.ancestor_mask(), mx.array(tree.depths)
-    swapped = [(holder, holder.rope) for holder in _rope_holders(model)]
     try:
         for c in cache:
             c.tree_mask, c.tree_depths = mask, depths
-        for holder, rope in swapped:
-            holder.rope = PositionedRoPE(rope, depths)
-        yield
+        with rotated_at(model, depths):
+            yield
     finally:
         for c in cache:
             c.tree_mask = c.tree_depths = None
+
+
+@contextmanager
+def rotated_at(module: nn.Module, shifts: mx.array) -> Iterator[None]:
+    """Within the block, every rope under `module` (itself included) rotates input i at
+    (offset + shifts[i]); on exit, also by an exception, the original ropes are back."""
+    swapped = [(holder, holder.rope) for holder in _rope_holders(module)]
+    try:
+        for holder, rope in swapped:
+            holder.rope = PositionedRoPE(rope, shifts)
+        yield
+    finally:
         for holder, rope in swapped:
             holder.rope = rope

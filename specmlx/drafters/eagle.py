@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
-from specmlx.cache import common_prefix
+from specmlx.cache import PREFILL_STEP, common_prefix
 from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.errors import UsageError
 from specmlx.features import FeatureSpec
@@ -38,8 +38,6 @@ from specmlx.tree import TreeBuilder
 
 if TYPE_CHECKING:
     from specmlx.cache import Sequence as TargetSequence
-
-PREFILL_STEP = 512
 
 
 class FeatureHead(Protocol):

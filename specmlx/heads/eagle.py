@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,7 +28,7 @@ from specmlx.cache import SpecKVCache
 from specmlx.errors import SpecmlxError
 from specmlx.features import FeatureSpec, backbone
 from specmlx.heads.base import HeadsConfig, TargetOutput, check_fits, output_rows
-from specmlx.tree import PositionedRoPE
+from specmlx.tree import rotated_at
 
 
 def decoder_layer(target_args: dict) -> nn.Module:
@@ -58,23 +56,6 @@ def decoder_layer(target_args: dict) -> nn.Module:
     if "use_sliding" in accepts:  # llama with layer_types
         extra["use_sliding"] = False
     return block(model_args, **extra)
-
-
-def _rope_holders(layer: nn.Module) -> list[nn.Module]:
-    return [m for _, m in layer.named_modules() if isinstance(getattr(m, "rope", None), nn.Module)]
-
-
-@contextmanager
-def _at_positions(layer: nn.Module, shifts: mx.array) -> Iterator[None]:
-    """Within the block, the layer rotates input i at (cache offset + shifts[i])."""
-    swapped = [(holder, holder.rope) for holder in _rope_holders(layer)]
-    try:
-        for holder, rope in swapped:
-            holder.rope = PositionedRoPE(rope, shifts)
-        yield
-    finally:
-        for holder, rope in swapped:
-            holder.rope = rope
 
 
 class EagleHead(nn.Module):
@@ -173,7 +154,7 @@ class EagleHead(nn.Module):
             out = self.layer(x, create_attention_mask(x, c), c)
         else:
             offset = c.offset if c is not None else 0
-            with _at_positions(self.layer, positions - offset):
+            with rotated_at(self.layer, positions - offset):
                 out = self.layer(x, mask, c)
         return out if batched else out[0]
 

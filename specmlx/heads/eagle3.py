@@ -15,8 +15,6 @@ two apart by their width.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,7 +27,7 @@ from specmlx.cache import SpecKVCache
 from specmlx.errors import SpecmlxError
 from specmlx.features import FeatureSpec, backbone
 from specmlx.heads.base import HeadsConfig, check_fits, output_rows
-from specmlx.tree import PositionedRoPE
+from specmlx.tree import rotated_at
 
 # The draft layer's config keys the llama block reads (from the checkpoint's config.json).
 _LLAMA_KEYS = (
@@ -117,17 +115,6 @@ class Midlayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-@contextmanager
-def _at_positions(attn: nn.Module, shifts: mx.array) -> Iterator[None]:
-    """Within the block, the attention rotates input i at (cache offset + shifts[i])."""
-    rope = attn.rope
-    attn.rope = PositionedRoPE(rope, shifts)
-    try:
-        yield
-    finally:
-        attn.rope = rope
-
-
 class Eagle3Head(nn.Module):
     """fc over three target layers, the midlayer, then norm and lm_head over the draft vocab.
 
@@ -207,7 +194,7 @@ class Eagle3Head(nn.Module):
             out = self.midlayer(embedded, hidden, create_attention_mask(hidden, c), c)
         else:
             offset = c.offset if c is not None else 0
-            with _at_positions(self.midlayer.self_attn, positions - offset):
+            with rotated_at(self.midlayer.self_attn, positions - offset):
                 out = self.midlayer(embedded, hidden, mask, c)
         return out if batched else out[0]
 
