@@ -11,7 +11,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_map
 from typer.testing import CliRunner
 
-from specmlx.api import GenerationConfig, generate, load
+from specmlx.api import GenerationConfig, load, method_of
 from specmlx.cli import app
 from specmlx.cli_options import MethodFlags
 from specmlx.heads import HeadsConfig, save_heads
@@ -81,8 +81,8 @@ def test_generate_with_heads_matches_plain(tiny_dirs, heads_dirs, method):
 
 def test_the_heads_kind_is_the_default_method(tiny_dirs, heads_dirs):
     models = load(str(tiny_dirs["llama"]), heads=[str(heads_dirs["medusa"])], progress=False)
-    result = generate(models, "hello", GenerationConfig(k=3, max_tokens=8))
-    assert result.stats.drafted > 0
+    # (How many nodes a cost-sized tree keeps depends on this machine's timings: not asserted.)
+    assert method_of(models, GenerationConfig(k=3)).name == "medusa"
     both = load(
         str(tiny_dirs["llama"]),
         heads=[str(heads_dirs["medusa"]), str(heads_dirs["eagle"])],
