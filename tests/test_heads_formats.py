@@ -21,7 +21,7 @@ from specmlx.cache import Sequence
 from specmlx.decode import decode
 from specmlx.errors import SpecmlxError
 from specmlx.features import FeatureSpec, backbone, capturing
-from specmlx.heads import load_heads
+from specmlx.heads import load_heads, save_heads
 from specmlx.heads.eagle3 import aux_layers
 from specmlx.heads.formats import read_published
 from specmlx.policy import FixedK
@@ -281,6 +281,11 @@ def test_an_eagle_head_predicts_what_eagle_does(target, tmp_path, qkv_bias):
     np.testing.assert_allclose(
         logits, expected @ as_np(model.lm_head.weight).T, rtol=1e-4, atol=1e-4
     )
+    # Saved as ours and read back: the same head, still without its input norm.
+    again = load_heads(save_heads(head, tmp_path / "ours"), model, tokenizer)
+    assert again.config.input_norm is False and again.config.source_format == "eagle"
+    got = as_np(again(mx.array(rows), mx.array(tokens)))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
 # --- EAGLE-3 ------------------------------------------------------------------------------

@@ -63,6 +63,8 @@ class HeadsConfig:
     # True: the checkpoint has its own lm_head rows (published ones do). False: the heads
     # score through the target's output rows of the draft vocabulary, frozen, never saved.
     own_lm_head: bool = False
+    # eagle: the layer normalizes its input (EAGLE-1 checkpoints have no input norm: False).
+    input_norm: bool = True
     target_args: dict = field(default_factory=dict)  # eagle: the target's config.json
     fingerprint: dict = field(default_factory=dict)  # the target it was trained on
     training: dict = field(default_factory=dict)  # data, steps, seed, final losses

@@ -80,6 +80,8 @@ class EagleHead(nn.Module):
         width = FeatureSpec(config.feature_layers).width(d)
         self.fc = nn.Linear(d + width, d, bias=True)
         self.layer = decoder_layer(config.target_args)
+        if not config.input_norm:
+            self.layer.input_layernorm = nn.Identity()
         if config.own_lm_head:
             self.lm_head = nn.Linear(d, config.draft_vocab, bias=False)
         self._d2t = d2t  # (V_d,) int32 target ids; an underscore keeps it out of the parameters

@@ -149,6 +149,7 @@ def _eagle(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.M
         target_vocab=vocab,
         draft_vocab=vocab,
         own_lm_head=own_rows is not None,
+        input_norm="layers.0.input_layernorm.weight" in tensors,  # EAGLE-1's layer 0 has none
         target_args=_eagle_layer_args(folder, config, tensors, vocab),
         training=_record(folder, config),
         source_format="eagle",
@@ -157,8 +158,6 @@ def _eagle(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.M
     head = EagleHead(heads_config, backbone(model).embed_tokens, output, None)
     weights = {"fc.weight": tensors.pop("fc.weight")}
     weights["fc.bias"] = tensors.pop("fc.bias", mx.zeros((hidden,), weights["fc.weight"].dtype))
-    if "layers.0.input_layernorm.weight" not in tensors:
-        head.layer.input_layernorm = nn.Identity()  # EAGLE-1's layer 0 has none
     for name in [n for n in tensors if n.startswith("layers.0.")]:
         weights["layer." + name[len("layers.0.") :]] = tensors.pop(name)
     if own_rows is not None:
