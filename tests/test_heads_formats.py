@@ -473,3 +473,30 @@ def test_greedy_decoding_with_published_heads_equals_plain(target, deep_target, 
                 out, drafted = run(m, ids, drafter, k)
                 assert out == plain, (drafter.traits.kind, prompt, k)
                 assert drafted > 0
+
+
+def test_published_heads_come_from_a_hub_repo_id(target, tmp_path, monkeypatch):
+    """A repo id not in the local cache is fetched (the network faked here), only its json
+    and safetensors files; once cached, it is read without asking the Hub again."""
+    import huggingface_hub
+    from huggingface_hub import errors as hub_errors
+
+    model, tokenizer = target
+    snapshot = tmp_path / "hub" / "someone--eagle-heads"
+    calls = []
+
+    def fake_snapshot_download(repo_id, *, allow_patterns=None, local_files_only=False, **_):
+        calls.append((repo_id, local_files_only, tuple(allow_patterns)))
+        if not snapshot.exists():
+            if local_files_only:
+                raise hub_errors.LocalEntryNotFoundError("not in the cache")
+            write_eagle(snapshot, model, qkv_bias=False)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    head = load_heads("someone/eagle-heads", model, tokenizer)
+    assert head.config.source_format == "eagle"
+    assert [c[:2] for c in calls] == [("someone/eagle-heads", True), ("someone/eagle-heads", False)]
+    assert set(calls[-1][2]) == {"*.json", "*.safetensors"}  # never a pickle
+    load_heads("someone/eagle-heads", model, tokenizer)
+    assert calls[-1][:2] == ("someone/eagle-heads", True)  # cached: no second download

@@ -19,7 +19,7 @@ from specmlx.drafters.medusa import MedusaDrafter
 from specmlx.errors import SpecmlxError
 from specmlx.features import backbone
 from specmlx.heads import HeadsConfig, load_heads, save_heads
-from specmlx.heads import base as heads_base
+from specmlx.heads import store as heads_store
 from specmlx.heads.base import fingerprint, target_vocab
 from specmlx.heads.medusa import MedusaHeads
 from specmlx.policy import FixedK
@@ -164,7 +164,7 @@ def test_a_failed_save_leaves_nothing_half_written(loaded, tmp_path, monkeypatch
             f.write(b"half a file")
         raise interrupt
 
-    monkeypatch.setattr(heads_base.mx, "save_safetensors", failing_writer)
+    monkeypatch.setattr(heads_store.mx, "save_safetensors", failing_writer)
     heads = randomized(MedusaHeads.create(config, model))
     for name in ("new", "old"):
         with pytest.raises(type(interrupt)):

@@ -14,7 +14,7 @@ import pytest
 import specmlx
 from specmlx.errors import SpecmlxError, UsageError
 from specmlx.features import FeatureSpec, capturing
-from specmlx.heads.base import load_heads
+from specmlx.heads import load_heads
 from specmlx.heads.data import (
     Corpus,
     cache_features,

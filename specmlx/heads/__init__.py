@@ -15,8 +15,12 @@ __all__ = ["HeadsConfig", "load_heads", "method_of_heads", "save_heads"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
+    if name in ("HeadsConfig", "method_of_heads"):
         from specmlx.heads import base
 
         return getattr(base, name)
+    if name in ("load_heads", "save_heads"):
+        from specmlx.heads import store
+
+        return getattr(store, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -134,7 +134,7 @@ def load_checkpoint(
 def publish(heads: nn.Module, out_dir: Path, log: dict[str, Any]) -> Path | None:
     """Replace `out_dir` by the finished heads, their log and plot; the checkpoint goes.
     Returns the plot's path (None without matplotlib)."""
-    from specmlx.heads.base import save_heads
+    from specmlx.heads.store import save_heads
 
     staging = out_dir.with_name(f".{out_dir.name}.finished-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -51,7 +51,8 @@ from mlx.utils import tree_flatten
 
 from specmlx.errors import SpecmlxError
 from specmlx.features import backbone
-from specmlx.heads.base import CONFIG_FILE, Heads, HeadsConfig, TargetOutput, target_vocab
+from specmlx.heads.base import Heads, HeadsConfig, TargetOutput, target_vocab
+from specmlx.heads.store import CONFIG_FILE
 
 _MEDUSA_KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)")
 _PICKLES = ("*.bin", "*.pt", "*.pth")
