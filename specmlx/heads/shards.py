@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ import numpy as np
 from specmlx.errors import SpecmlxError
 
 MANIFEST, INDEX = "manifest.json", "index.json"
+LOG_EVERY = 60.0  # seconds between progress lines when stderr is not a terminal
 
 
 @dataclass
@@ -187,9 +189,42 @@ class _Bar:
             self._bar.update(self._task, advance=1, info=info)
 
 
+class _LogBar(_Bar):
+    """Progress for a stderr that is not a terminal (a log file, CI): a plain line at most
+    every `every` seconds, and one at the end, where a live bar would print nothing."""
+
+    def __init__(self, console: Any, description: str, total: int, done: int, every: float):
+        super().__init__(None, None)
+        self._console, self._description, self._total, self._done = (
+            console,
+            description,
+            total,
+            done,
+        )
+        self._every, self._start = every, time.monotonic()
+        self._last, self._info = self._start, ""
+
+    def advance(self, info: str = "") -> None:
+        self._done, self._info = self._done + 1, info
+        if time.monotonic() - self._last >= self._every:
+            self.log()
+
+    def log(self) -> None:
+        self._last = time.monotonic()
+        elapsed = int(self._last - self._start)
+        info = f"  {self._info}" if self._info else ""
+        self._console.print(
+            f"{self._description}: {self._done}/{self._total}, "
+            f"{elapsed // 60}:{elapsed % 60:02d} elapsed{info}",
+            markup=False,
+            highlight=False,
+        )
+
+
 @contextmanager
 def progress_bar(enabled: bool, description: str, total: int, completed: int = 0) -> Iterator[_Bar]:
-    """A transient bar on stderr, with a free text field (`advance(info)`)."""
+    """A transient bar on stderr, with a free text field (`advance(info)`); on a stderr that
+    is not a terminal, a line every LOG_EVERY seconds instead."""
     if not enabled:
         yield _Bar(None, None)
         return
@@ -203,6 +238,12 @@ def progress_bar(enabled: bool, description: str, total: int, completed: int = 0
         TimeRemainingColumn,
     )
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        log = _LogBar(console, description, total, completed, LOG_EVERY)
+        yield log
+        log.log()
+        return
     columns = (
         TextColumn(description),
         BarColumn(),
@@ -211,5 +252,5 @@ def progress_bar(enabled: bool, description: str, total: int, completed: int = 0
         TimeRemainingColumn(),
         TextColumn("{task.fields[info]}"),
     )
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         yield _Bar(bar, bar.add_task(description, total=total, completed=completed, info=""))
