@@ -29,7 +29,7 @@ from specmlx.cli_options import (
     with_options,
 )
 from specmlx.errors import SpecmlxError
-from specmlx.heads.command import train_heads
+from specmlx.heads.command import draft_vocab_report, train_heads
 from specmlx.methods import METHODS, methods_help
 from specmlx.server.command import serve
 
@@ -443,6 +443,7 @@ def calibrate(
 # The OpenAI-compatible server and the heads' training (heavy imports inside the commands).
 app.command()(handles_errors(serve))
 app.command("train-heads")(handles_errors(train_heads))
+app.command("draft-vocab")(handles_errors(draft_vocab_report))
 
 
 def main() -> None:

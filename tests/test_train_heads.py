@@ -298,3 +298,54 @@ def test_progress_goes_to_a_log_as_plain_lines(monkeypatch, capsys):
         bar.advance("loss 1.0")
     # Only the closing line: the interval has not passed.
     assert capsys.readouterr().err.splitlines() == ["training eagle: 1/5, 0:00 elapsed  loss 1.0"]
+
+
+def test_coverage_counts_on_some_sequences_and_scores_the_held_out_ones():
+    from specmlx.heads.shards import FeatureData, FeatureIndex
+    from specmlx.heads.vocab import coverage
+
+    # Sequence 0 (held out) and 2 (held out with hold_every=2); 1 and 3 are counted.
+    tokens = np.array([5, 5, 6, 6, 6, 7, 9, 9, 1, 6, 6, 7], np.int32)
+    nexts = np.array([6, 8, 6, 7, 9, 2, 9, 9, 1, 7, 7, 6], np.int32)
+    starts = np.array([0, 2, 6, 9, 12])
+    data = FeatureData({"eos_ids": [2]}, FeatureIndex(), tokens, nexts, mx.zeros((12, 4)), starts)
+    # Counted, from sequences 1 and 3 ([6, 6, 6, 7] and [6, 6, 7]): 6 five times, 7 twice.
+    # Held out next tokens: [6, 8] and [9, 9, 1].
+    got = coverage(data, [1, 2, 3, 16], vocab=16, hold_every=2)
+    # V_d 1: {2} (the stop token replaces 6); 2: {6, 2}; 3: {6, 7, 2}; 16: every id.
+    assert got == {1: 0.0, 2: pytest.approx(1 / 5), 3: pytest.approx(1 / 5), 16: 1.0}
+
+
+def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from specmlx.cli import app
+    from specmlx.heads.vocab import vocab_report
+
+    rows = vocab_report(models, data_dir, [16, 64, 10**6], reps=2)
+    vocab = models.target.args.vocab_size
+    assert [r.draft_vocab for r in rows] == [16, 64, vocab]
+    assert rows[0].coverage <= rows[1].coverage <= rows[2].coverage == 1.0
+    assert all(r.medusa_c > 0 and r.eagle_c > 0 for r in rows)
+    out = tmp_path / "vocab.json"
+    target = str(models.target_path)
+    result = CliRunner().invoke(
+        app,
+        [
+            "draft-vocab",
+            "--target",
+            target,
+            "--data",
+            str(data_dir),
+            "--size",
+            "16",
+            "--reps",
+            "1",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "| 16 |" in result.stdout and json.loads(out.read_text())[0]["draft_vocab"] == 16
+    result = CliRunner().invoke(app, ["draft-vocab", "--data", str(tmp_path / "none")])
+    assert result.exit_code != 0 and "no cached features" in result.output

@@ -168,3 +168,51 @@ def _read_prompts(path: Path) -> list[str]:
         except (ValueError, KeyError, TypeError):
             raise UsageError(f"{path}: each line must be a JSON object with a prompt") from None
     return lines
+
+
+def draft_vocab_report(
+    data: Annotated[
+        Path, typer.Option(help="Cached features of the target (train-heads' --data folder).")
+    ],
+    target: Annotated[
+        str | None,
+        typer.Option(help="The target the data was cached for. Default: the pair's."),
+    ] = None,
+    size: Annotated[
+        list[int] | None,
+        typer.Option("--size", help="Draft vocabulary sizes to measure; repeatable."),
+    ] = None,
+    reps: Annotated[int, typer.Option(help="Timed proposals per size.")] = 7,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the rows to this JSON file.")
+    ] = None,
+) -> None:
+    """What a reduced draft vocabulary saves in c and gives up in coverage, per size.
+
+    Coverage: the share of the target's next tokens in held-out cached sequences that the
+    heads could propose. c: one Medusa and one EAGLE proposal over one target call.
+    """
+    if not (data / "manifest.json").is_file():
+        raise UsageError(f"no cached features in {data} (run train-heads with --data first)")
+    if reps < 1:
+        raise UsageError(f"reps must be at least 1, got {reps}")
+    sizes = size or [1024, 4096, 8192, 32768, 1 << 30]
+    if min(sizes) < 1:
+        raise UsageError("draft vocabulary sizes must be positive")
+    from rich.console import Console
+
+    from specmlx.api import load
+    from specmlx.bench_report import write_atomic
+    from specmlx.heads.base import target_vocab
+    from specmlx.heads.vocab import report_markdown, rows_json, vocab_report
+
+    err = Console(stderr=True, highlight=False)
+    with err.status("loading the target…"):
+        models = load(target, default_draft=False)
+    with err.status("measuring coverage and proposal costs…"):
+        rows = vocab_report(models, data, sizes, reps=reps)
+    print(report_markdown(rows, target_vocab(models.target)))
+    if json_out is not None:
+        import json
+
+        write_atomic(json_out, json.dumps(rows_json(rows), indent=1) + "\n")
