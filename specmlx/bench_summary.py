@@ -88,6 +88,9 @@ class SummaryRow:
     acceptance_rate: float | None
     tokens_per_call: float | None
     verified_per_call: float | None  # tokens a speculative call scored: k + 1, or a tree's nodes
+    # A proposal's median time over a plain step's (the target alone, same run), where the
+    # proposals were timed: every tree; chains when adaptive k timed them.
+    proposal_cost: float | None
     alpha: float | None
     acceptance_by_position: tuple[float, ...]
     time_to_first_token: float | None
@@ -116,7 +119,8 @@ def build_report(
 ) -> Report:
     """Every prompt's results and every (temperature, suite or all, row)'s summary."""
     kept = [m for m in measurements if m.repeat >= 0]
-    results = per_prompt(kept, typical_steps(kept))
+    typical = typical_steps(kept)
+    results = per_prompt(kept, typical)
     suites = [s.name for s in config.suites] + (["all"] if len(config.suites) > 1 else [])
     summary = []
     for temperature in config.temperatures:
@@ -132,7 +136,10 @@ def build_report(
                     for m in kept
                     if m.temperature == temperature and m.row == row and suite in ("all", m.suite)
                 ]
-                summary.append(summarize_row(row, runs, prompts, costs, temperature, suite))
+                plain_step = typical.get((temperature, NONE, 0))
+                summary.append(
+                    summarize_row(row, runs, prompts, costs, temperature, suite, plain_step)
+                )
     return Report(config, environment, costs, tuple(results), tuple(summary))
 
 
@@ -200,9 +207,11 @@ def summarize_row(
     costs: CostProfile | None,
     temperature: float,
     suite: str,
+    plain_step: float | None = None,
 ) -> SummaryRow:
     """A row's numbers over the prompts of one suite (or all); `prompts` holds every row's
-    results there, by (suite, prompt id, row)."""
+    results there, by (suite, prompt id, row). `plain_step`: the median seconds of the target
+    alone's steps in this run (what proposal costs are priced in)."""
     mine = [r for r in prompts.values() if r.row == row]
     pooled = pooled_stats(m.stats for m in runs)
     if row.is_plain:
@@ -258,6 +267,7 @@ def summarize_row(
         acceptance_rate=acceptance,
         tokens_per_call=tokens_per_call,
         verified_per_call=verified,
+        proposal_cost=_proposal_cost(runs, plain_step),
         alpha=alpha,
         acceptance_by_position=pooled.acceptance_by_position,
         time_to_first_token=_median(m.time_to_first_token for m in runs),
@@ -265,6 +275,13 @@ def summarize_row(
         matched=all(matched) if matched else None,
         predicted_speedup=predicted,
     )
+
+
+def _proposal_cost(runs: list[Measurement], plain_step: float | None) -> float | None:
+    timed = [s.draft_seconds for m in runs for s in m.decode_steps if s.draft_seconds is not None]
+    if not timed or not plain_step:
+        return None
+    return statistics.median(timed) / plain_step
 
 
 def pooled_stats(runs: Iterable[Stats]) -> Stats:

@@ -36,6 +36,9 @@ class Step:
     n_accepted: int
     seconds: float  # wall time of the step, measured after its sync
     finish: str | None  # "stop" (a stop token), "length" (max_tokens), or None
+    # The proposal's own time, where it was timed apart from the verify call (tree drafts
+    # read their tree back anyway; chains only when the policy asks).
+    draft_seconds: float | None = None
 
 
 def _next_token(logits: mx.array, sampling: SamplingConfig) -> mx.array:
@@ -132,7 +135,9 @@ def decode(
         if draft is not None and draft.size == 0:
             draft = None  # nothing to propose (an n-gram miss): a plain step
         draft_seconds = None
-        if draft is not None and plan.time_draft:
+        if draft is not None and draft.tree is not None:
+            draft_seconds = time.perf_counter() - start  # the tree was read back: it is done
+        elif draft is not None and plan.time_draft:
             mx.eval(draft.tokens)  # the draft calls, timed apart from the verify call
             draft_seconds = time.perf_counter() - start
         if draft is None:
@@ -173,6 +178,7 @@ def decode(
             verdict.n_accepted,
             seconds,
             finish,
+            draft_seconds,
         )
         if finish is not None:
             return

@@ -181,3 +181,23 @@ def test_tree_rows_report_their_verified_tokens_and_no_chain_model_fit() -> None
     assert lines[tree].verified_per_call == pytest.approx(1 + 15 * 6 / 7)
     assert lines[tree].alpha is None and lines[tree].predicted_speedup is None
     assert lines[chain].alpha is not None and lines[chain].predicted_speedup is not None
+
+
+def test_proposal_cost_is_the_median_timed_proposal_over_the_target_alones_step() -> None:
+    """Heads' c: the proposals timed in the run (draft_seconds) over the median step of the
+    target alone in the same run; rows that timed none have none."""
+    tree, chain = RowSpec("eagle", 4), RowSpec("draft", 4)
+    config = _synthetic_config((NONE, tree, chain))
+    timed = [replace(_step(15, 3, 0.2), draft_seconds=s) for s in (0.02, 0.03, 0.09)]
+    runs = [
+        measured(NONE, 0, [(0, 1, 0.1), (0, 1, 0.1), (0, 1, 0.4)]),
+        replace(measured(tree, 0, []), decode_steps=tuple(timed)),
+        measured(chain, 0, [(4, 3, 0.2)] * 3),
+    ]
+    environment = fake_environment() | {"python": "3", "cpu": "x", "cpu_count": 1}
+    report = build_report(config, runs, environment, None)
+    validate(report)
+    lines = {s.row: s for s in report.summary}
+    assert lines[tree].proposal_cost == pytest.approx(0.03 / 0.1)
+    assert lines[chain].proposal_cost is None and lines[NONE].proposal_cost is None
+    assert "| draft c |" in markdown(report) and "| 0.30 |" in markdown(report)

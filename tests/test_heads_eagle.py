@@ -149,6 +149,9 @@ def test_greedy_speculation_equals_plain_decoding(family, noise):
     spec, steps = generate(model, ids, drafter, FixedK(4))
     assert spec == plain
     assert all(s.draft_depth <= 4 and s.n_drafted <= 23 for s in steps)
+    # Each proposal is timed apart from its verify call (the bench's `draft c`).
+    drafted = [s for s in steps if s.n_drafted]
+    assert drafted and all(0 < s.draft_seconds < s.seconds for s in drafted)
 
 
 def test_a_right_head_gets_whole_paths_accepted(tiny_dirs):
