@@ -134,7 +134,7 @@ bench-heads-qwen: models openblas
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
 		--heads models/heads/qwen2.5-coder-1.5b-medusa --heads models/heads/qwen2.5-coder-1.5b-eagle \
 		--method medusa --method eagle --method draft --method ngram -k auto --suite all \
-		--limit 2 --temp 0 --max-tokens 64 --mlx-lm-k 4 --repeats 2 $(call BENCH_OUT,bench-heads-qwen)
+		--limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2 $(call BENCH_OUT,bench-heads-qwen)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:

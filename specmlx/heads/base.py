@@ -174,6 +174,20 @@ def check_fits(
         raise SpecmlxError("a draft vocabulary smaller than the target's needs its d2t ids")
 
 
+def check_weights(expected: dict[str, mx.array], weights: dict[str, mx.array], where: str) -> None:
+    """`weights` hold exactly the `expected` names, in their shapes; else a one-line error
+    naming the first that does not (`where`: the file or checkpoint, as the user knows it)."""
+    for name in sorted(set(expected) ^ set(weights)):
+        why = "lacks" if name in expected else "has an unexpected"
+        raise SpecmlxError(f"{where} {why} weight {name}")
+    for name, value in weights.items():
+        if value.shape != expected[name].shape:
+            raise SpecmlxError(
+                f"{where} has weight {name} of shape {tuple(value.shape)}, the heads want "
+                f"{tuple(expected[name].shape)}"
+            )
+
+
 def fingerprint(model: nn.Module, tokenizer: Any | None) -> dict[str, Any]:
     """What identifies a target: its shapes, its tokenizer, and a probe of its embeddings."""
     inner = backbone(model)

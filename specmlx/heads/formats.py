@@ -51,7 +51,7 @@ from mlx.utils import tree_flatten
 
 from specmlx.errors import SpecmlxError
 from specmlx.features import backbone
-from specmlx.heads.base import Heads, HeadsConfig, TargetOutput, target_vocab
+from specmlx.heads.base import Heads, HeadsConfig, TargetOutput, check_weights, target_vocab
 from specmlx.heads.store import CONFIG_FILE
 
 _MEDUSA_KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)")
@@ -328,16 +328,7 @@ def _unexpected(tensors: dict[str, mx.array], folder: Path) -> None:
 
 def _fill(heads: Heads, weights: dict[str, mx.array], folder: Path, model: nn.Module) -> Heads:
     """Load `weights` (exactly the heads' parameters) in the target's float dtype."""
-    expected = dict(tree_flatten(heads.parameters()))
-    for name in sorted(set(expected) ^ set(weights)):
-        why = "lacks" if name in expected else "has an unexpected"
-        raise SpecmlxError(f"{folder}: the checkpoint {why} weight {name}")
-    for name, value in weights.items():
-        if value.shape != expected[name].shape:
-            raise SpecmlxError(
-                f"{folder}: weight {name} is {tuple(value.shape)}, the heads want "
-                f"{tuple(expected[name].shape)}"
-            )
+    check_weights(dict(tree_flatten(heads.parameters())), weights, f"{folder}: the checkpoint")
     dtype = _float_dtype(model)
     heads.load_weights([(n, a.astype(dtype)) for n, a in weights.items()])
     mx.eval(heads.parameters())

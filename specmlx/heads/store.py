@@ -19,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from specmlx.errors import SpecmlxError
-from specmlx.heads.base import Heads, HeadsConfig, check_target
+from specmlx.heads.base import Heads, HeadsConfig, check_target, check_weights
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -115,16 +115,7 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
         from specmlx.heads.eagle import EagleHead as kind
     # Full vocabulary: the plain two-argument create every kind has.
     heads = kind.create(config, model) if d2t is None else kind.create(config, model, d2t=d2t)
-    expected = dict(tree_flatten(heads.trainable_parameters()))
-    for name in sorted(set(expected) ^ set(weights)):
-        why = "lacks" if name in expected else "has an unexpected"
-        raise SpecmlxError(f"{folder}/{WEIGHTS_FILE} {why} weight {name}")
-    for name, value in weights.items():
-        if value.shape != expected[name].shape:
-            raise SpecmlxError(
-                f"{folder}: weight {name} has shape {value.shape}, the heads want "
-                f"{expected[name].shape}"
-            )
+    check_weights(dict(tree_flatten(heads.trainable_parameters())), weights, folder / WEIGHTS_FILE)
     heads.load_weights(list(weights.items()), strict=False)
     mx.eval(heads.parameters())
     return heads
