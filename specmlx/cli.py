@@ -440,7 +440,7 @@ def calibrate(
     Console().print(calibration_view(profile, fresh, where))
 
 
-# The OpenAI-compatible server and the heads' training (heavy imports inside the commands).
+# The OpenAI-compatible server and the heads' commands (heavy imports inside the commands).
 app.command()(handles_errors(serve))
 app.command("train-heads")(handles_errors(train_heads))
 app.command("draft-vocab")(handles_errors(draft_vocab_report))

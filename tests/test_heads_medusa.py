@@ -152,6 +152,22 @@ def test_save_and_load_round_trip(loaded, tmp_path):
         save_heads(heads, tmp_path / "other")
 
 
+def test_a_folder_with_wrong_weights_is_refused_in_one_line(loaded, tmp_path):
+    model, tokenizer = loaded("llama")
+    folder = save_heads(MedusaHeads.create(medusa_config(model, tokenizer), model), tmp_path / "h")
+    weights = mx.load(str(folder / "model.safetensors"))
+    name = sorted(weights)[0]
+    for broken, what in [
+        ({k: v for k, v in weights.items() if k != name}, f"lacks weight {name}"),
+        (weights | {"extra.weight": mx.zeros((2,))}, "has an unexpected weight extra.weight"),
+        (weights | {name: mx.zeros((3, 3))}, f"has weight {name} of shape \\(3, 3\\)"),
+    ]:
+        mx.save_safetensors(str(folder / "model.safetensors"), broken)
+        with pytest.raises(SpecmlxError, match=what) as error:
+            load_heads(folder, model, tokenizer)
+        assert "\n" not in str(error.value)
+
+
 @pytest.mark.parametrize("interrupt", [OSError("disk full"), KeyboardInterrupt()])
 def test_a_failed_save_leaves_nothing_half_written(loaded, tmp_path, monkeypatch, interrupt):
     model, tokenizer = loaded("llama")

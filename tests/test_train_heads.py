@@ -314,6 +314,35 @@ def test_coverage_counts_on_some_sequences_and_scores_the_held_out_ones():
     got = coverage(data, [1, 2, 3, 16], vocab=16, hold_every=2)
     # V_d 1: {2} (the stop token replaces 6); 2: {6, 2}; 3: {6, 7, 2}; 16: every id.
     assert got == {1: 0.0, 2: pytest.approx(1 / 5), 3: pytest.approx(1 / 5), 16: 1.0}
+    # The first position of sequence 0 and two of sequence 2 are prompt: [8] and [1] remain.
+    got = coverage(data, [2, 16], vocab=16, hold_every=2, skip=[1, 0, 2, 0])
+    assert got == {2: 0.0, 16: 1.0}
+
+
+def test_prompt_positions_are_told_for_the_shipped_prompts(models):
+    from specmlx.api import encode_prompt
+    from specmlx.heads.data import prompt_set_sha256, train_prompts
+    from specmlx.heads.shards import FeatureData, FeatureIndex
+    from specmlx.heads.vocab import _prompt_positions
+
+    prompts = train_prompts()[:3]
+    generated = {"kind": "generated", "prompts": 3, "prompts_sha256": prompt_set_sha256(prompts)}
+    generated["chat_template"] = True
+    files = {"kind": "files", "files": 1, "sha256": "x", "seq_len": 512}
+    starts = np.arange(6) * 10  # 3 answers, then 2 pieces of files
+
+    def data(source):
+        empty = np.zeros(50, np.int32)
+        return FeatureData(
+            {"source": source}, FeatureIndex(), empty, empty, mx.zeros((1, 1)), starts
+        )
+
+    lengths = [len(encode_prompt(models, p, True)) - 1 for p in prompts]
+    assert _prompt_positions(models, data({"parts": [generated, files]})) == lengths + [0, 0]
+    assert _prompt_positions(models, data(generated))[:3] == lengths
+    mine = generated | {"prompts_sha256": prompt_set_sha256(["my own", "prompts", "here"])}
+    assert _prompt_positions(models, data({"parts": [mine, files]})) is None
+    assert _prompt_positions(models, data({"parts": [files, generated]})) is None
 
 
 def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
@@ -327,6 +356,9 @@ def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
     assert [r.draft_vocab for r in rows] == [16, 64, vocab]
     assert rows[0].coverage <= rows[1].coverage <= rows[2].coverage == 1.0
     assert all(r.medusa_c > 0 and r.eagle_c > 0 for r in rows)
+    assert not rows[0].answers_only  # the test's own prompts: not the shipped set
+    with pytest.raises(UsageError, match="above 1"):  # the tiny tokenizer's one stop token
+        vocab_report(models, data_dir, [1], reps=1)
     out = tmp_path / "vocab.json"
     target = str(models.target_path)
     result = CliRunner().invoke(
@@ -349,3 +381,8 @@ def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
     assert "| 16 |" in result.stdout and json.loads(out.read_text())[0]["draft_vocab"] == 16
     result = CliRunner().invoke(app, ["draft-vocab", "--data", str(tmp_path / "none")])
     assert result.exit_code != 0 and "no cached features" in result.output
+    missing = tmp_path / "no-such-folder" / "vocab.json"
+    result = CliRunner().invoke(
+        app, ["draft-vocab", "--data", str(data_dir), "--json", str(missing)]
+    )
+    assert result.exit_code != 0 and "does not exist" in result.output  # before any loading

@@ -1,4 +1,4 @@
-"""What every kind of draft heads shares: their config, the target they fit, and their files.
+"""What every kind of draft heads shares: their config and the target they fit.
 
 Heads (Medusa, EAGLE) are trained on one target's hidden states and are worthless on any
 other, so a saved folder records a `fingerprint` of its target and `load_heads` refuses a

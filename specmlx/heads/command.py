@@ -1,4 +1,5 @@
-"""The `specmlx train-heads` command: data, cached target features, then training.
+"""The `specmlx train-heads` command (data, cached target features, then training) and
+`specmlx draft-vocab` (what a reduced draft vocabulary saves and gives up).
 
 Three resumable stages, each skipped when its output is already there: the target's own
 answers to a prompt set (self-distillation) and/or the files the user names, their features
@@ -199,6 +200,10 @@ def draft_vocab_report(
     sizes = size or [1024, 4096, 8192, 32768, 1 << 30]
     if min(sizes) < 1:
         raise UsageError("draft vocabulary sizes must be positive")
+    from specmlx.bench_report import check_writable
+
+    if json_out is not None:
+        check_writable(json_out)  # before minutes of loading and timing
     from rich.console import Console
 
     from specmlx.api import load

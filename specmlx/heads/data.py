@@ -119,7 +119,7 @@ def generate_corpus(
     source = {
         "kind": "generated",
         "prompts": len(prompts),
-        "prompts_sha256": _sha256(json.dumps(prompts).encode()),
+        "prompts_sha256": prompt_set_sha256(prompts),
         "max_tokens": max_tokens,
         "seed": seed,
         "sampling": vars(sampling),
@@ -209,6 +209,11 @@ def _expand(paths: Iterable[str | Path]) -> list[Path]:
             else:
                 raise UsageError(f"no such file or folder: {match}")
     return sorted(files)
+
+
+def prompt_set_sha256(prompts: list[str]) -> str:
+    """What a generated corpus records of its prompts."""
+    return _sha256(json.dumps(prompts).encode())
 
 
 def _sha256(data: bytes) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -218,6 +219,7 @@ class _LogBar(_Bar):
             f"{elapsed // 60}:{elapsed % 60:02d} elapsed{info}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -239,10 +241,13 @@ def progress_bar(enabled: bool, description: str, total: int, completed: int = 0
     )
 
     console = Console(stderr=True)
-    if not console.is_terminal:
+    # Rich calls a console a terminal when FORCE_COLOR is set (as CI often does): ask the OS.
+    if not sys.stderr.isatty():
         log = _LogBar(console, description, total, completed, LOG_EVERY)
-        yield log
-        log.log()
+        try:
+            yield log
+        finally:
+            log.log()  # how far it got, also when cut short
         return
     columns = (
         TextColumn(description),

@@ -115,7 +115,8 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
         from specmlx.heads.eagle import EagleHead as kind
     # Full vocabulary: the plain two-argument create every kind has.
     heads = kind.create(config, model) if d2t is None else kind.create(config, model, d2t=d2t)
-    check_weights(dict(tree_flatten(heads.trainable_parameters())), weights, folder / WEIGHTS_FILE)
+    expected = dict(tree_flatten(heads.trainable_parameters()))
+    check_weights(expected, weights, str(folder / WEIGHTS_FILE))
     heads.load_weights(list(weights.items()), strict=False)
     mx.eval(heads.parameters())
     return heads

@@ -8,9 +8,11 @@ make every draft step cheaper (Qwen2.5's LM head has 151,936 rows of 1,536: a si
 - coverage: the share of the target's own next tokens in held-out sequences of the cached
   training data (every `hold_every`-th) that are among the V_d most frequent tokens of the
   other sequences, as `train-heads` counts them: a ceiling on the share of first guesses
-  the heads can have accepted;
+  the heads can have accepted. Only answer positions are scored where the prompts of the
+  self-distilled sequences can be told (the shipped prompt set): heads never draft inside
+  a prompt, and its chat template would count as covered every time;
 - c: one proposal of Medusa heads and of an EAGLE head (fixed trees, so every V_d does the
-  same work) over a one-token target call, timed interleaved, median of `reps`.
+  same work) over the one-token target call timed just before it, median of `reps` pairs.
 
 `specmlx train-heads` uses the V_d it is given; `make heads-vocab` prints this table for the
 Qwen target so that the recipes' choice can be read off it.
@@ -37,27 +39,36 @@ from specmlx.heads.shards import FeatureData, open_shards
 
 @dataclass(frozen=True)
 class VocabRow:
-    """One draft vocabulary size (None: the whole vocabulary)."""
+    """One draft vocabulary size."""
 
-    draft_vocab: int
+    draft_vocab: int  # the ids the heads score (the stop tokens are always among them)
     coverage: float  # share of held-out next tokens the heads could propose
     medusa_c: float  # one Medusa proposal / one one-token target call
     eagle_c: float  # one EAGLE proposal / one one-token target call
+    answers_only: bool  # coverage scored answer positions only (False: prompts' too)
 
 
 def coverage(
-    data: FeatureData, sizes: Sequence[int], vocab: int, hold_every: int = 4
+    data: FeatureData,
+    sizes: Sequence[int],
+    vocab: int,
+    hold_every: int = 4,
+    skip: Sequence[int] | None = None,
 ) -> dict[int, float]:
     """Share of the target's next tokens in every `hold_every`-th sequence that fall in the
-    `size` most frequent tokens of the other sequences (stop tokens always in)."""
+    `size` most frequent tokens of the other sequences (stop tokens always in). `skip[i]`:
+    leading positions of sequence i not scored (its prompt's, but the last)."""
     n_sequences = len(data.starts) - 1
     if n_sequences < 2:
         raise UsageError("coverage needs at least 2 cached sequences")
     held = np.zeros(len(data.tokens), bool)
+    scored = np.zeros(len(data.tokens), bool)
     for i in range(0, n_sequences, hold_every):
-        held[data.starts[i] : data.starts[i + 1]] = True
+        start, end = data.starts[i], data.starts[i + 1]
+        held[start:end] = True
+        scored[start + (skip[i] if skip is not None else 0) : end] = True
     counts = np.bincount(data.tokens[~held], minlength=vocab)[:vocab]
-    nexts = data.nexts[held]
+    nexts = data.nexts[scored]
     out = {}
     for size in sizes:
         ids = draft_vocab(counts, min(size, vocab), data.manifest["eos_ids"])
@@ -82,9 +93,10 @@ def proposal_costs(
     depth: int = 6,
     width: int = 8,
 ) -> dict[int, tuple[float, float]]:
-    """(Medusa c, EAGLE c) per draft vocabulary size: a proposal's median time over the
-    median of one-token target calls timed between them. The heads are fresh (their cost
-    does not depend on their weights) and their trees fixed in size."""
+    """(Medusa c, EAGLE c) per draft vocabulary size: the median over `reps` rounds of a
+    proposal's time over the one-token target call timed just before it, as in decoding
+    (the rows' order rotates every round). The heads are fresh (their cost does not depend
+    on their weights) and their trees fixed in size."""
     from specmlx.drafters.eagle import EagleDrafter
     from specmlx.drafters.medusa import MedusaDrafter
     from specmlx.features import FeatureSpec
@@ -107,7 +119,7 @@ def proposal_costs(
     drafters = {}
     for size in sizes:
         d2t = None if size >= vocab else mx.array(draft_vocab(counts, size, eos_ids))
-        shape = dict(hidden_size=hidden, target_vocab=vocab, draft_vocab=min(size, vocab))
+        shape = dict(hidden_size=hidden, target_vocab=vocab, draft_vocab=size)
         medusa = MedusaHeads.create(HeadsConfig(kind="medusa", **shape), model, d2t)
         eagle_config = HeadsConfig(kind="eagle", target_args=target_args(models), **shape)
         eagle = EagleHead.create(eagle_config, model, d2t)
@@ -126,22 +138,21 @@ def proposal_costs(
 
         return run
 
-    target_times: list[float] = []
-    times: dict[int, tuple[list[float], list[float]]] = {s: ([], []) for s in sizes}
-    for _ in range(2):  # warm-up: compiled kernels, caches
+    runs = [
+        (size, kind, proposal(d)) for size, pair in drafters.items() for kind, d in enumerate(pair)
+    ]
+    for _, _, run in runs:  # warm-up: compiled kernels, caches
         target_call()
-        for medusa, eagle in drafters.values():
-            proposal(medusa)()
-            proposal(eagle)()
-    for _ in range(reps):  # interleaved: a slow spell touches every row alike
-        target_times.append(_seconds(target_call))
-        for size, (medusa, eagle) in drafters.items():
-            times[size][0].append(_seconds(proposal(medusa)))
-            times[size][1].append(_seconds(proposal(eagle)))
-    call = statistics.median(target_times)
+        run()
+    ratios: dict[tuple[int, int], list[float]] = {(size, kind): [] for size, kind, _ in runs}
+    for rep in range(reps):
+        turn = rep % len(runs)
+        for size, kind, run in runs[turn:] + runs[:turn]:
+            call = _seconds(target_call)
+            ratios[(size, kind)].append(_seconds(run) / call)
     return {
-        size: (statistics.median(m) / call, statistics.median(e) / call)
-        for size, (m, e) in times.items()
+        size: (statistics.median(ratios[(size, 0)]), statistics.median(ratios[(size, 1)]))
+        for size in drafters
     }
 
 
@@ -155,13 +166,39 @@ def vocab_report(
     data = open_shards(Path(data_dir), whole=True)
     check_target(data.manifest["fingerprint"], models.target, models.tokenizer)
     vocab = target_vocab(models.target)
+    eos_ids = data.manifest["eos_ids"]
     sizes = sorted({min(int(s), vocab) for s in sizes})
-    if not sizes or sizes[0] < 1:
-        raise UsageError("draft vocabulary sizes must be positive")
-    cover = coverage(data, sizes, vocab)
+    if not sizes or sizes[0] <= len(eos_ids):
+        raise UsageError(
+            f"draft vocabulary sizes must be above {len(eos_ids)} (the stop tokens are always in)"
+        )
+    skip = _prompt_positions(models, data)
+    cover = coverage(data, sizes, vocab, skip=skip)
     counts = data.index.count_array(vocab)
-    costs = proposal_costs(models, sizes, counts, data.manifest["eos_ids"], reps=reps)
-    return [VocabRow(s, cover[s], *costs[s]) for s in sizes]
+    costs = proposal_costs(models, sizes, counts, eos_ids, reps=reps)
+    return [VocabRow(s, cover[s], *costs[s], answers_only=skip is not None) for s in sizes]
+
+
+def _prompt_positions(models: Models, data: FeatureData) -> list[int] | None:
+    """Per cached sequence, its prompt's positions but the last (whose next token is the
+    answer's first): the self-distilled sequences of the shipped prompts, 0 for files.
+    None when a part's prompts can't be told (the user's own prompt file)."""
+    from specmlx.api import encode_prompt
+    from specmlx.heads.data import prompt_set_sha256, train_prompts
+
+    source = data.manifest["source"]
+    parts = source.get("parts", [source])
+    skip: list[int] = []
+    for i, part in enumerate(parts):
+        if part["kind"] == "files":
+            if i != len(parts) - 1:
+                return None  # its count of sequences is not recorded: the rest can't be placed
+            continue
+        prompts = train_prompts()[: part["prompts"]]
+        if prompt_set_sha256(prompts) != part["prompts_sha256"]:
+            return None
+        skip += [len(encode_prompt(models, p, part["chat_template"])) - 1 for p in prompts]
+    return skip + [0] * (len(data.starts) - 1 - len(skip))
 
 
 def report_markdown(rows: Sequence[VocabRow], vocab: int) -> str:
@@ -172,6 +209,10 @@ def report_markdown(rows: Sequence[VocabRow], vocab: int) -> str:
     for row in rows:
         name = f"{row.draft_vocab:,}" + (" (all)" if row.draft_vocab == vocab else "")
         lines.append(f"| {name} | {row.coverage:.1%} | {row.medusa_c:.3f} | {row.eagle_c:.3f} |")
+    if rows and not rows[0].answers_only:
+        lines.append(
+            "\ncoverage counts prompt positions too: the prompts of this data are not known"
+        )
     return "\n".join(lines)
 
 

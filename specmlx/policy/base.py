@@ -31,7 +31,9 @@ class Outcome:
     depth: int  # the longest path the draft offered
     accepted: int
     seconds: float  # wall time of the step, measured after its sync
-    draft_seconds: float | None = None  # the drafter's part, when the plan asked for it
+    # The drafter's part: tree steps always (their proposal syncs), chains when the plan
+    # asked for it. Only a draft model's time is learned from.
+    draft_seconds: float | None = None
     confidences: tuple[float, ...] | None = None  # the drafter's, where it reports them
     tree: bool = False
 
