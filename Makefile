@@ -101,8 +101,8 @@ heads-smollm2: models openblas
 		--data models/cache/heads/smollm2-135m $(HEAD_FILES) --answer-tokens 256 \
 		--steps 400 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
 
-# The 1.5B target answers at about 28 tokens/s in batches of 32 and reads about 40 tokens/s
-# for features on 2 cores (fp32, OpenBLAS), so its data is kept to about 45k tokens.
+# On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 40 tokens/s for features (a 512-token
+# call takes 13 s) and its data stage ran at 19 tokens/s in all, so its data is kept to 42k tokens.
 QWEN_FILES = --files $(STDLIB)/json --files $(STDLIB)/textwrap.py
 QWEN_DATA = --target qwen2.5-coder-1.5b --data models/cache/heads/qwen2.5-coder-1.5b $(QWEN_FILES) \
 	--answer-tokens 128 --batch-size 32 --draft-vocab 8192

@@ -124,6 +124,7 @@ def build_report(
     suites = [s.name for s in config.suites] + (["all"] if len(config.suites) > 1 else [])
     summary = []
     for temperature in config.temperatures:
+        plain_step = typical.get((temperature, NONE, 0))  # what proposal costs are priced in
         for suite in suites:
             prompts = {
                 (r.suite, r.prompt_id, r.row): r
@@ -136,7 +137,6 @@ def build_report(
                     for m in kept
                     if m.temperature == temperature and m.row == row and suite in ("all", m.suite)
                 ]
-                plain_step = typical.get((temperature, NONE, 0))
                 summary.append(
                     summarize_row(row, runs, prompts, costs, temperature, suite, plain_step)
                 )

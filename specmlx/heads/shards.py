@@ -196,14 +196,10 @@ class _LogBar(_Bar):
 
     def __init__(self, console: Any, description: str, total: int, done: int, every: float):
         super().__init__(None, None)
-        self._console, self._description, self._total, self._done = (
-            console,
-            description,
-            total,
-            done,
-        )
-        self._every, self._start = every, time.monotonic()
-        self._last, self._info = self._start, ""
+        self._console, self._description = console, description
+        self._total, self._done, self._info = total, done, ""
+        self._every = every
+        self._start = self._last = time.monotonic()
 
     def advance(self, info: str = "") -> None:
         self._done, self._info = self._done + 1, info
