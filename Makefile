@@ -93,13 +93,15 @@ TRAIN_HEADS = $(PRELOAD) $(SPECMLX) train-heads
 
 heads: heads-smollm2 heads-qwen
 
+# SmolLM2: a greedy and a sampled answer per prompt, 32 prompts at a time.
+SMOL_DATA = --target smollm2-135m --data models/cache/heads/smollm2-135m $(HEAD_FILES) \
+	--answer-tokens 256 --batch-size 32 --samples 2
+
 heads-smollm2: models openblas
-	$(TRAIN_HEADS) --target smollm2-135m --kind medusa --out models/heads/smollm2-135m-medusa \
-		--data models/cache/heads/smollm2-135m $(HEAD_FILES) --answer-tokens 256 \
+	$(TRAIN_HEADS) $(SMOL_DATA) --kind medusa --out models/heads/smollm2-135m-medusa \
 		--steps 600 --seq-len 256 --batch-tokens 1024 --draft-vocab 4096
-	$(TRAIN_HEADS) --target smollm2-135m --kind eagle --out models/heads/smollm2-135m-eagle \
-		--data models/cache/heads/smollm2-135m $(HEAD_FILES) --answer-tokens 256 \
-		--steps 400 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
+	$(TRAIN_HEADS) $(SMOL_DATA) --kind eagle --out models/heads/smollm2-135m-eagle \
+		--steps 350 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
 
 # On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 40 tokens/s for features (a 512-token
 # call takes 13 s) and its data stage ran at 19 tokens/s in all, so its data is kept to 42k tokens.

@@ -343,6 +343,9 @@ def test_prompt_positions_are_told_for_the_shipped_prompts(models):
     mine = generated | {"prompts_sha256": prompt_set_sha256(["my own", "prompts", "here"])}
     assert _prompt_positions(models, data({"parts": [mine, files]})) is None
     assert _prompt_positions(models, data({"parts": [files, generated]})) is None
+    starts = np.arange(9) * 10  # 2 answers to each of the 3 prompts, then 2 pieces of files
+    sampled = generated | {"samples": 2}
+    assert _prompt_positions(models, data({"parts": [sampled, files]})) == lengths * 2 + [0, 0]
 
 
 def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
@@ -386,3 +389,68 @@ def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
         app, ["draft-vocab", "--data", str(data_dir), "--json", str(missing)]
     )
     assert result.exit_code != 0 and "does not exist" in result.output  # before any loading
+
+
+def test_sampled_answers_follow_the_greedy_ones_prompt_by_prompt(models, corpus):
+    from specmlx.api import encode_prompt
+
+    plain = generate_corpus(models, PROMPTS[:3], max_tokens=12, samples=2, temperature=1.0)
+    batched = generate_corpus(models, PROMPTS[:3], 12, samples=2, temperature=1.0, batch_size=2)
+    assert len(plain) == len(batched) == 6
+    assert plain.source["samples"] == 2 and plain.source["sampled"]["temperature"] == 1.0
+    greedy = generate_corpus(models, PROMPTS[:3], max_tokens=12)
+    for made in (plain, batched):
+        sequences = [made[j] for j in range(6)]
+        assert sequences[:3] == [greedy[i] for i in range(3)]  # answer 0: the greedy one
+        for i, prompt in enumerate(PROMPTS[:3]):  # answer 1 to prompt i is sequence 3 + i
+            ids = encode_prompt(models, prompt, True)
+            assert sequences[3 + i][: len(ids)] == ids
+        assert sequences[3:] != sequences[:3]  # sampled at T=1 from a random tiny model
+        assert [made[j] for j in range(6)] == sequences  # the same whenever made
+
+
+def test_the_answers_to_one_prompt_are_one_group():
+    from specmlx.heads.data import sequence_groups
+    from specmlx.heads.train import split_sequences
+
+    generated = {"kind": "generated", "prompts": 3, "samples": 2}
+    files = {"kind": "files", "files": 1}
+    assert sequence_groups(generated, 6) == [0, 1, 2, 0, 1, 2]
+    assert sequence_groups({"parts": [generated, files]}, 8) == [0, 1, 2, 0, 1, 2, 3, 4]
+    nested = {"parts": [{"parts": [generated, generated | {"samples": 1}]}, files]}
+    assert sequence_groups(nested, 10) == [0, 1, 2, 0, 1, 2, 3, 4, 5, 6]
+    assert sequence_groups(files, 3) == [0, 1, 2]
+    assert split_sequences([0, 1, 2, 0, 1, 2, 3, 4], 2) == ([0, 2, 3, 5, 7], [1, 4, 6])
+    assert split_sequences([0, 1, 2], 0) == ([0, 1, 2], [])
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tmp_path, kind):
+    from specmlx.heads.objectives import Windows
+
+    data = open_shards(data_dir, whole=True)
+    # 6 answers: with holdout 2, answers 1, 3 and 5 are held out.
+    windows = Windows(data, 16, 4, seed=0, sequences=[0, 2, 4])
+    trained = {i for i in range(6) if i % 2 == 0}
+    for step in range(6):
+        pos, _ = windows.positions(step)
+        owners = np.searchsorted(data.starts, pos[:, 0], side="right") - 1
+        assert set(owners.tolist()) <= trained
+    held = Windows(data, 16, 4, seed=0, sequences=[1, 3, 5])
+    firsts = np.concatenate([pos[:, 0] for pos, _ in held.in_order()])
+    assert sorted(firsts.tolist()) == held.starts.tolist()  # every window once
+
+    config = fast(kind=kind, steps=10, checkpoint_every=4, holdout=2)
+    report = train_heads(models, config, data_dir, tmp_path / "h", progress=False)
+    log = json.loads((tmp_path / "h" / "train_log.json").read_text())
+    assert [e["step"] for e in log["steps"] if "heldout" in e] == [4, 8, 10]
+    assert log["data"]["heldout_sequences"] == 3
+    assert len(report.heldout) == {"medusa": 4, "eagle": 2}[kind]
+    assert all(0 <= a <= 1 for a in report.heldout)
+    assert list(report.heldout) == log["steps"][-1]["heldout"]
+    heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
+    assert heads.config.training["heldout_accuracy"] == list(report.heldout)
+    whole = train_heads(
+        models, fast(kind=kind, steps=2, holdout=0), data_dir, tmp_path / "w", False
+    )
+    assert whole.heldout == ()

@@ -156,7 +156,8 @@ def publish(heads: nn.Module, out_dir: Path, log: dict[str, Any]) -> Path | None
 
 
 def plot(steps: list[dict[str, Any]], path: Path) -> bool:
-    """Loss and top-1 accuracy per step, as a PNG (False when matplotlib is missing)."""
+    """Loss and top-1 accuracy per step (and on the held-out sequences where measured), as a
+    PNG (False when matplotlib is missing)."""
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend to set
     except ImportError:
@@ -168,9 +169,19 @@ def plot(steps: list[dict[str, Any]], path: Path) -> bool:
     loss_axes, accuracy_axes = figure.subplots(1, 2)
     loss_axes.plot(x, [entry["loss"] for entry in steps], linewidth=0.8)
     loss_axes.set(xlabel="step", ylabel="loss", title="training loss")
+    held = [entry for entry in steps if entry.get("heldout")]
     for i in range(len(steps[0]["accuracy"])):
         label = f"head {i}" if len(steps[0]["accuracy"]) > 1 else "top-1"
-        accuracy_axes.plot(x, [entry["accuracy"][i] for entry in steps], linewidth=0.8, label=label)
+        accuracy_axes.plot(
+            x, [entry["accuracy"][i] for entry in steps], f"C{i}", linewidth=0.8, label=label
+        )
+        if held:  # the same heads on sequences they never trained on
+            accuracy_axes.plot(
+                [entry["step"] for entry in held],
+                [entry["heldout"][i] for entry in held],
+                f"C{i}o--",
+                label=f"{label}, held out",
+            )
     accuracy_axes.set(xlabel="step", ylabel="top-1 accuracy", title="accuracy", ylim=(0, 1))
     accuracy_axes.legend()
     try:

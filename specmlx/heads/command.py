@@ -46,6 +46,15 @@ def train_heads(
     limit: Annotated[int | None, typer.Option(help="Answer only the first N prompts.")] = None,
     answer_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 256,
     batch_size: Annotated[int, typer.Option(help="Prompts answered at once.")] = 8,
+    samples: Annotated[
+        int,
+        typer.Option(
+            help="Answers per prompt: the greedy one, then ones sampled at --temperature."
+        ),
+    ] = 1,
+    temperature: Annotated[
+        float, typer.Option(help="Temperature of the sampled answers (--samples above 1).")
+    ] = 0.8,
     files: Annotated[
         list[Path] | None,
         typer.Option(
@@ -65,6 +74,13 @@ def train_heads(
     ] = 4096,
     num_heads: Annotated[int, typer.Option(help="medusa: number of heads.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the heads' weights and the data order.")] = 0,
+    holdout: Annotated[
+        int,
+        typer.Option(
+            help="Keep every Nth prompt's answers (or piece of file) out of training "
+            "and report the heads' accuracy on them; 0: train on all."
+        ),
+    ] = 20,
     checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
 ) -> None:
     """Train Medusa or EAGLE heads for a target on its own answers (and your files).
@@ -78,6 +94,8 @@ def train_heads(
     for path in files or []:
         if not path.exists():
             raise UsageError(f"no such file or folder: {path}")
+    if samples < 1 or not temperature > 0:
+        raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
     if prompts is not None and not prompts.is_file():
         raise UsageError(f"no such prompts file: {prompts}")
     from specmlx.heads.train import TrainConfig
@@ -94,6 +112,7 @@ def train_heads(
         draft_vocab=draft_vocab or None,
         num_heads=num_heads,
         checkpoint_every=checkpoint_every,
+        holdout=holdout,
     )
     from rich.console import Console
 
@@ -133,7 +152,15 @@ def train_heads(
             from specmlx.heads.data import train_prompts
 
             texts = train_prompts()[:limit]
-        corpus = generate_corpus(models, texts, answer_tokens, seed=seed, batch_size=batch_size)
+        corpus = generate_corpus(
+            models,
+            texts,
+            answer_tokens,
+            seed=seed,
+            batch_size=batch_size,
+            samples=samples,
+            temperature=temperature,
+        )
     if files:
         extra = file_corpus(files, models.tokenizer, seq_len=max(seq_len, 512))
         corpus = extra if corpus is None else corpus + extra
@@ -142,9 +169,11 @@ def train_heads(
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
     report = run_training(models, config, data_dir, out, resume=True)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
+    heldout = " ".join(f"{a:.0%}" for a in report.heldout)
     err.print(
         f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
-        f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}",
+        f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"
+        + (f" (held out: {heldout})" if heldout else ""),
         soft_wrap=True,
     )
 

@@ -80,41 +80,52 @@ def generate_corpus(
     sampling: SamplingConfig | None = None,
     chat_template: bool = True,
     batch_size: int = 1,
+    samples: int = 1,
+    temperature: float = 0.8,
 ) -> Corpus:
     """The target's own answers to `prompts` (default: `train_prompts()`), each as one
     sequence of prompt ids (through the chat template) + answer ids (the stop token too).
 
-    Greedy by default. `batch_size` 1 decodes plainly through `specmlx.api`, with a sampler
-    drawing answer i from seed `seed + i`; more answers `batch_size` prompts at once
-    (mlx-lm's batched generation, several times the tokens per second on a memory-bound
-    machine; block b drawn from seed `seed + b`). Either way a sequence is the same whenever
-    it is made, alone or in a resumed run."""
+    Greedy by default. `samples` > 1 adds answers sampled at `temperature` (top-p 0.95):
+    sequence k·n + i is the k-th answer to prompt i of n, so the data holds the target's
+    likely turns as well as its single most likely one (its greedy next tokens stay the
+    labels). `batch_size` 1 decodes plainly through `specmlx.api`, with a sampler drawing
+    sequence j from seed `seed + j`; more answers `batch_size` prompts at once (mlx-lm's
+    batched generation, several times the tokens per second on a memory-bound machine;
+    block b of answer k drawn from seed `seed + k·blocks + b`). Either way a sequence is
+    the same whenever it is made, alone or in a resumed run."""
     prompts = list(train_prompts() if prompts is None else prompts)
     if not prompts:
         raise UsageError("no prompts to generate training data from")
-    if batch_size < 1:
-        raise UsageError(f"batch size must be at least 1, got {batch_size}")
+    if batch_size < 1 or samples < 1:
+        raise UsageError(f"batch size and samples must be at least 1, got {batch_size}, {samples}")
     sampling = sampling or SamplingConfig()
-    config = GenerationConfig(
-        method="none", max_tokens=max_tokens, sampling=sampling, chat_template=chat_template
-    )
-    blocks: dict[int, list[list[int]]] = {}  # the newest block of a batched run
+    sampled = SamplingConfig(temperature=temperature, top_p=0.95) if samples > 1 else sampling
+    n = len(prompts)
+    n_blocks = -(-n // batch_size)
+    blocks: dict[tuple[int, int], list[list[int]]] = {}  # the newest block of a batched run
 
-    def make(i: int) -> list[int]:
+    def make(j: int) -> list[int]:
+        k, i = divmod(j, n)
+        how = sampling if k == 0 else sampled
         prompt_ids = encode_prompt(models, prompts[i], chat_template)
         if batch_size == 1:
+            config = GenerationConfig(
+                method="none", max_tokens=max_tokens, sampling=how, chat_template=chat_template
+            )
             return (
-                prompt_ids + generate(models, prompts[i], replace(config, seed=seed + i)).token_ids
+                prompt_ids + generate(models, prompts[i], replace(config, seed=seed + j)).token_ids
             )
         block = i // batch_size
-        if block not in blocks:
+        if (k, block) not in blocks:
             first = block * batch_size
             ids = [
                 encode_prompt(models, p, chat_template) for p in prompts[first : first + batch_size]
             ]
             blocks.clear()
-            blocks[block] = _answer_batch(models, ids, max_tokens, sampling, seed + block)
-        return prompt_ids + blocks[block][i % batch_size]
+            draw = seed + k * n_blocks + block
+            blocks[k, block] = _answer_batch(models, ids, max_tokens, how, draw)
+        return prompt_ids + blocks[k, block][i % batch_size]
 
     source = {
         "kind": "generated",
@@ -126,7 +137,32 @@ def generate_corpus(
         "chat_template": chat_template,
         "batch_size": batch_size,
     }
-    return Corpus(source, len(prompts), make)
+    if samples > 1:
+        source |= {"samples": samples, "sampled": vars(sampled)}
+    return Corpus(source, n * samples, make)
+
+
+def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
+    """A group per cached sequence: the answers to one prompt share one (held out together,
+    or trained on together); any other sequence is a group of its own. # (n,)
+
+    Reads the corpus' recorded `source`: generated parts are laid out as `generate_corpus`
+    makes them, k·prompts + i; the first part that is not generated ends the reading."""
+    groups: list[int] = []
+    for part in _parts(source):
+        if part.get("kind") != "generated":
+            break
+        prompts = int(part["prompts"])
+        first = len(set(groups))
+        groups += [first + j % prompts for j in range(prompts * int(part.get("samples", 1)))]
+    first = len(set(groups))
+    return groups[:n] + list(range(first, first + n - len(groups)))
+
+
+def _parts(source: dict[str, Any]) -> list[dict[str, Any]]:
+    if "parts" not in source:
+        return [source]
+    return [leaf for part in source["parts"] for leaf in _parts(part)]
 
 
 def _answer_batch(

@@ -24,7 +24,7 @@ ancestors: an approximation of the drafting it trains for.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -41,9 +41,19 @@ Batch = tuple[mx.array, ...]
 class Windows:
     """The training windows of a feature cache, and the batch of each step."""
 
-    def __init__(self, data: FeatureData, seq_len: int, batch_size: int, seed: int):
+    def __init__(
+        self,
+        data: FeatureData,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        sequences: Iterable[int] | None = None,
+    ):
+        """`sequences`: the cached sequences to cut windows from (default: all of them)."""
+        bounds = list(zip(data.starts[:-1], data.starts[1:], strict=True))
         starts, ends = [], []
-        for s, e in zip(data.starts[:-1], data.starts[1:], strict=True):
+        for i in range(len(bounds)) if sequences is None else sequences:
+            s, e = bounds[i]
             for a in range(int(s), int(e) - 2, seq_len):  # a window needs a token 2 ahead
                 starts.append(a)
                 ends.append(int(e))
@@ -66,6 +76,14 @@ class Windows:
         chosen = np.array([self._order(int(g) // n)[int(g) % n] for g in picks])
         pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
         return pos, self.ends[chosen][:, None]
+
+    def in_order(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every window once, in cache order, `batch_size` at a time (the last batch may be
+        smaller): positions # (b, L) and sequence ends # (b, 1)."""
+        for first in range(0, len(self.starts), self.batch_size):
+            chosen = slice(first, first + self.batch_size)
+            pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
+            yield pos, self.ends[chosen][:, None]
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
@@ -213,3 +231,23 @@ def step_function(
         return step
     state = [heads.state, optimizer.state]
     return partial(mx.compile, inputs=state, outputs=state)(step)
+
+
+def heldout_accuracy(
+    loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
+    batch_of: Callable[[np.ndarray, np.ndarray], Batch],
+    windows: Windows,
+) -> list[float]:
+    """Top-1 accuracy of each head (eagle: each unrolled step) over `windows`, which the
+    heads never trained on: each batch's accuracy weighted by its positions that have a
+    label. One host sync per batch; no gradients."""
+    total, weight = None, 0
+    for pos, end in windows.in_order():
+        _, _, accuracy = loss_fn(*batch_of(pos, end))
+        n = int((pos + 1 < end).sum())
+        total = accuracy * n if total is None else total + accuracy * n
+        weight += n
+        mx.eval(total)
+    if total is None or weight == 0:
+        return []
+    return [round(a / weight, 4) for a in total.tolist()]

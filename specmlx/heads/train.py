@@ -7,7 +7,9 @@
 
 The target is only read here (its output rows, its embeddings): its features come from the
 cache. AdamW with a linear warm-up and a cosine decay; the losses are in
-`specmlx.heads.objectives`. Every `checkpoint_every` steps, and on Ctrl-C (the step under
+`specmlx.heads.objectives`. Every `holdout`-th cached sequence is kept out of training, and
+the heads' top-1 accuracy on those, at each checkpoint and at the end, goes to the log: the
+gap to the training accuracy shows how far the heads overfit their data. Every `checkpoint_every` steps, and on Ctrl-C (the step under
 way finishes first; a second Ctrl-C stops at once), the run's state goes to
 `out_dir/checkpoint`; `resume=True` continues from it and ends with the same weights as an
 uninterrupted run. A finished run leaves the heads (`save_heads`, with a record of the data,
@@ -32,11 +34,12 @@ from specmlx.api import Models
 from specmlx.errors import UsageError
 from specmlx.heads import checkpoint as ckpt
 from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vocab
-from specmlx.heads.data import draft_vocab
+from specmlx.heads.data import draft_vocab, sequence_groups
 from specmlx.heads.objectives import (
     Windows,
     eagle_batch,
     eagle_loss,
+    heldout_accuracy,
     medusa_batch,
     medusa_loss,
     schedule,
@@ -72,6 +75,9 @@ class TrainConfig:
     eagle_ce_weight: float = 0.1
     soft_targets: bool = False  # eagle: cross-entropy against the target's distribution
     unroll: int = 2  # eagle: steps the head runs on its own predictions in the loss
+    # Every holdout-th cached sequence is never trained on: the heads' accuracy there, at
+    # each checkpoint and at the end, is what they do on text they have not seen. 0: none.
+    holdout: int = 20
     checkpoint_every: int = 100
     compile: bool = True
 
@@ -90,6 +96,8 @@ class TrainConfig:
                 raise UsageError(f"{name} must be at least 1, got {value}")
         if self.batch_tokens < self.seq_len:
             raise UsageError(f"batch-tokens ({self.batch_tokens}) below seq-len ({self.seq_len})")
+        if self.holdout < 0 or self.holdout == 1:
+            raise UsageError(f"holdout must be 0 (none) or at least 2, got {self.holdout}")
         if not self.epochs > 0 or (self.lr is not None and not self.lr > 0):
             raise UsageError("epochs and lr must be positive")
         if self.warmup < 0 or not 0 <= self.min_lr <= 1 or self.num_layers < 0:
@@ -110,7 +118,8 @@ class TrainReport:
     seconds: float  # training time, earlier runs included
     loss: float  # mean over the last steps
     losses: tuple[float, ...]  # medusa: each head's cross-entropy; eagle: SmoothL1, CE
-    accuracy: tuple[float, ...]  # top-1, per head (eagle: one)
+    accuracy: tuple[float, ...]  # top-1, per head (eagle: per unrolled step)
+    heldout: tuple[float, ...]  # the same on the held-out sequences (empty: none held out)
     data_tokens: int
     plot: Path | None = None
 
@@ -142,11 +151,15 @@ def train_heads(
         raise UsageError(f"{out_dir} holds an unfinished run: resume it, or delete its checkpoint")
     vocab = target_vocab(models.target)
     d2t = _draft_ids(config, data, vocab)
-    windows = Windows(data, config.seq_len, config.batch_tokens // config.seq_len, config.seed)
+    groups = sequence_groups(data.manifest["source"], data.index.n_sequences)
+    train_ids, held_ids = split_sequences(groups, config.holdout)
+    batch_size = config.batch_tokens // config.seq_len
+    windows = Windows(data, config.seq_len, batch_size, config.seed, train_ids)
+    heldout = Windows(data, config.seq_len, batch_size, config.seed, held_ids)
     if not len(windows):
         raise UsageError(f"{data_dir} holds no sequence of 3 tokens or more to train on")
     total = config.steps or max(1, math.ceil(config.epochs * len(windows) / windows.batch_size))
-    summary = _data_summary(data_dir, data, windows, d2t)
+    summary = _data_summary(data_dir, data, windows, d2t) | {"heldout_sequences": len(held_ids)}
     record = {"settings": settings_record(config), "data": summary}
 
     heads = _create(models, config, d2t)
@@ -165,6 +178,10 @@ def train_heads(
         )
         batch_of = partial(eagle_batch, data, t2d=t2d_table(d2t, vocab), unroll=config.unroll)
     step_fn = step_function(heads, optimizer, loss_fn, config.grad_clip, config.compile)
+    if not len(heldout):
+        evaluate = None
+    else:
+        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout)
 
     with (
         ckpt.deferred_interrupt() as interrupt,
@@ -179,7 +196,10 @@ def train_heads(
             run.seconds += time.perf_counter() - start
             bar.advance(run.record(values, len(terms)))
             stopping = interrupt.requested or run.step == stop_after
-            if stopping or run.step % config.checkpoint_every == 0:
+            due = run.step % config.checkpoint_every == 0
+            if evaluate is not None and (due or run.step == total):
+                run.log[-1]["heldout"] = evaluate()
+            if stopping or due:
                 ckpt.save_checkpoint(out_dir, heads, optimizer, run, record)
             if interrupt.requested:
                 raise KeyboardInterrupt
@@ -188,11 +208,19 @@ def train_heads(
 
     final = run.final()
     training = {"data": summary, "steps": total, "seed": config.seed, "losses": final}
+    training["heldout_accuracy"] = last_heldout(run)
     training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
     heads.config = replace(heads.config, training=training)
     log = {"settings": settings_record(config), "data": summary, "steps": run.log}
     plot = ckpt.publish(heads, out_dir, log)
     return _report(out_dir, config, run, total, summary, finished=True, plot=plot)
+
+
+def split_sequences(groups: list[int], holdout: int) -> tuple[list[int], list[int]]:
+    """The cached sequences trained on, and those held out: every holdout-th group (all the
+    answers to one prompt go the same way)."""
+    held = [holdout > 0 and g % holdout == holdout - 1 for g in groups]
+    return [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
 
 
 def settings_record(config: TrainConfig) -> dict:
@@ -279,6 +307,12 @@ def _report(
         final["loss"],
         tuple(final["losses"]),
         tuple(final["accuracy"]),
+        tuple(last_heldout(run)),
         summary["tokens"],
         plot,
     )
+
+
+def last_heldout(run: ckpt.RunState) -> list[float]:
+    """The newest held-out accuracies in the run's log (empty: none measured)."""
+    return next((entry["heldout"] for entry in reversed(run.log) if "heldout" in entry), [])

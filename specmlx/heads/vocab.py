@@ -197,7 +197,8 @@ def _prompt_positions(models: Models, data: FeatureData) -> list[int] | None:
         prompts = train_prompts()[: part["prompts"]]
         if prompt_set_sha256(prompts) != part["prompts_sha256"]:
             return None
-        skip += [len(encode_prompt(models, p, part["chat_template"])) - 1 for p in prompts]
+        lengths = [len(encode_prompt(models, p, part["chat_template"])) - 1 for p in prompts]
+        skip += lengths * part.get("samples", 1)  # answer k to prompt i is sequence k·n + i
     return skip + [0] * (len(data.starts) - 1 - len(skip))
 
 
