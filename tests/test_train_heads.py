@@ -454,3 +454,23 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
         models, fast(kind=kind, steps=2, holdout=0), data_dir, tmp_path / "w", False
     )
     assert whole.heldout == ()
+
+
+def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_dir, tmp_path):
+    from specmlx.heads.objectives import with_noise
+
+    batch = (mx.zeros((2, 8, 4)), mx.ones((2, 8)))
+    assert with_noise(batch, 0.0, 0, 3) is batch
+    a, b, c = (with_noise(batch, 0.5, 0, s)[0] for s in (3, 3, 4))
+    assert mx.array_equal(a, b) and not mx.array_equal(a, c)
+    assert 0 < mx.abs(a).max().item() <= 0.5 and mx.array_equal(
+        with_noise(batch, 0.5, 0, 3)[1], batch[1]
+    )
+
+    config = fast(kind="eagle", steps=8, checkpoint_every=4, feature_noise=0.3)
+    train_heads(models, config, data_dir, tmp_path / "whole", progress=False)
+    train_heads(models, config, data_dir, tmp_path / "cut", False, stop_after=5)
+    train_heads(models, config, data_dir, tmp_path / "cut", progress=False, resume=True)
+    assert same(weights(tmp_path / "whole"), weights(tmp_path / "cut"))
+    train_heads(models, fast(kind="eagle", steps=8), data_dir, tmp_path / "quiet", False)
+    assert not same(weights(tmp_path / "whole"), weights(tmp_path / "quiet"))

@@ -73,6 +73,9 @@ def train_heads(
         int, typer.Option(help="Heads score the N most frequent tokens of the data; 0: all.")
     ] = 4096,
     num_heads: Annotated[int, typer.Option(help="medusa: number of heads.")] = 4,
+    feature_noise: Annotated[
+        float, typer.Option(help="eagle: uniform noise of this amplitude on its input features.")
+    ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the heads' weights and the data order.")] = 0,
     holdout: Annotated[
         int,
@@ -113,6 +116,7 @@ def train_heads(
         num_heads=num_heads,
         checkpoint_every=checkpoint_every,
         holdout=holdout,
+        feature_noise=feature_noise,
     )
     from rich.console import Console
 

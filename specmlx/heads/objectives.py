@@ -142,6 +142,18 @@ def eagle_batch(
     return tuple(batch)
 
 
+def with_noise(batch: Batch, amplitude: float, seed: int, step: int) -> Batch:
+    """The batch with uniform noise in (-amplitude, amplitude) added to its input features
+    (batch[0]), as EAGLE trains: the head learns to read features that are a little off,
+    as its own predictions are. The noise is a function of (seed, step), so a resumed run
+    draws what an uninterrupted one would."""
+    if amplitude <= 0:
+        return batch
+    key = mx.random.key(seed * 1_000_003 + step)
+    noise = mx.random.uniform(-amplitude, amplitude, batch[0].shape, key=key)
+    return (batch[0] + noise, *batch[1:])
+
+
 def _cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
     """Per position; labels -1 give garbage, masked by the caller. # (...)"""
     picked = mx.take_along_axis(logits, mx.maximum(labels, 0)[..., None], axis=-1)[..., 0]

@@ -45,6 +45,7 @@ from specmlx.heads.objectives import (
     schedule,
     step_function,
     t2d_table,
+    with_noise,
 )
 from specmlx.heads.shards import FeatureData, open_shards, progress_bar
 
@@ -75,6 +76,7 @@ class TrainConfig:
     eagle_ce_weight: float = 0.1
     soft_targets: bool = False  # eagle: cross-entropy against the target's distribution
     unroll: int = 2  # eagle: steps the head runs on its own predictions in the loss
+    feature_noise: float = 0.0  # uniform noise of this amplitude on the input features
     # Every holdout-th cached sequence is never trained on: the heads' accuracy there, at
     # each checkpoint and at the end, is what they do on text they have not seen. 0: none.
     holdout: int = 20
@@ -96,6 +98,8 @@ class TrainConfig:
                 raise UsageError(f"{name} must be at least 1, got {value}")
         if self.batch_tokens < self.seq_len:
             raise UsageError(f"batch-tokens ({self.batch_tokens}) below seq-len ({self.seq_len})")
+        if self.feature_noise < 0:
+            raise UsageError(f"feature noise must be >= 0, got {self.feature_noise}")
         if self.holdout < 0 or self.holdout == 1:
             raise UsageError(f"holdout must be 0 (none) or at least 2, got {self.holdout}")
         if not self.epochs > 0 or (self.lr is not None and not self.lr > 0):
@@ -189,7 +193,9 @@ def train_heads(
     ):
         while run.step < total:
             start = time.perf_counter()
-            loss, terms, accuracy = step_fn(*batch_of(*windows.positions(run.step)))
+            batch = batch_of(*windows.positions(run.step))
+            noisy = with_noise(batch, config.feature_noise, config.seed, run.step)
+            loss, terms, accuracy = step_fn(*noisy)
             row = mx.concatenate([loss[None], optimizer.learning_rate[None], terms, accuracy])
             mx.eval(heads.state, optimizer.state, row)
             values = row.tolist()  # the step's one host sync
