@@ -271,9 +271,9 @@ def test_an_unrolled_eagle_step_scores_the_head_on_its_own_predictions(models, d
         target_args=target_args(models),
     )
     head = EagleHead.create(config, models.target)
-    pos, end = Windows(data, 16, 2, seed=0).positions(0)
-    one = eagle_batch(data, pos, end, t2d_table(None, vocab), unroll=1)
-    two = eagle_batch(data, pos, end, t2d_table(None, vocab), unroll=2)
+    pos, end, first = Windows(data, 16, 2, seed=0).positions(0)
+    one = eagle_batch(data, pos, end, first, t2d_table(None, vocab), unroll=1)
+    two = eagle_batch(data, pos, end, first, t2d_table(None, vocab), unroll=2)
     loss1, terms1, acc1 = eagle_loss(head, *one, ce_weight=0.1, soft=False)
     loss2, terms2, acc2 = eagle_loss(head, *two, ce_weight=0.1, soft=False)
     assert mx.allclose(terms1, terms2) and acc2.shape == (2,) and acc1.shape == (1,)
@@ -319,33 +319,29 @@ def test_coverage_counts_on_some_sequences_and_scores_the_held_out_ones():
     assert got == {2: 0.0, 16: 1.0}
 
 
-def test_prompt_positions_are_told_for_the_shipped_prompts(models):
+def test_prompt_positions_are_told_for_the_shipped_prompts_and_the_given_ones(models):
     from specmlx.api import encode_prompt
-    from specmlx.heads.data import prompt_set_sha256, train_prompts
-    from specmlx.heads.shards import FeatureData, FeatureIndex
-    from specmlx.heads.vocab import _prompt_positions
+    from specmlx.heads.data import prompt_positions, prompt_set_sha256, train_prompts
 
     prompts = train_prompts()[:3]
     generated = {"kind": "generated", "prompts": 3, "prompts_sha256": prompt_set_sha256(prompts)}
     generated["chat_template"] = True
     files = {"kind": "files", "files": 1, "sha256": "x", "seq_len": 512}
-    starts = np.arange(6) * 10  # 3 answers, then 2 pieces of files
 
-    def data(source):
-        empty = np.zeros(50, np.int32)
-        return FeatureData(
-            {"source": source}, FeatureIndex(), empty, empty, mx.zeros((1, 1)), starts
-        )
+    def skip(source, n=5, given=None):  # 3 answers, then 2 pieces of files
+        return prompt_positions(models, source, n, given)
 
     lengths = [len(encode_prompt(models, p, True)) - 1 for p in prompts]
-    assert _prompt_positions(models, data({"parts": [generated, files]})) == lengths + [0, 0]
-    assert _prompt_positions(models, data(generated))[:3] == lengths
-    mine = generated | {"prompts_sha256": prompt_set_sha256(["my own", "prompts", "here"])}
-    assert _prompt_positions(models, data({"parts": [mine, files]})) is None
-    assert _prompt_positions(models, data({"parts": [files, generated]})) is None
-    starts = np.arange(9) * 10  # 2 answers to each of the 3 prompts, then 2 pieces of files
-    sampled = generated | {"samples": 2}
-    assert _prompt_positions(models, data({"parts": [sampled, files]})) == lengths * 2 + [0, 0]
+    assert skip({"parts": [generated, files]}) == lengths + [0, 0]
+    assert skip(generated)[:3] == lengths
+    own = ["my own", "prompts", "here"]
+    mine = generated | {"prompts_sha256": prompt_set_sha256(own)}
+    assert skip({"parts": [mine, files]}) is None
+    mine_lengths = [len(encode_prompt(models, p, True)) - 1 for p in own]
+    assert skip({"parts": [mine, files]}, given=own) == mine_lengths + [0, 0]
+    assert skip({"parts": [files, generated]}) is None
+    sampled = generated | {"samples": 2}  # 2 answers to each of the 3 prompts, then 2 pieces
+    assert skip({"parts": [sampled, files]}, n=8) == lengths * 2 + [0, 0]
 
 
 def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
@@ -433,11 +429,11 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
     windows = Windows(data, 16, 4, seed=0, sequences=[0, 2, 4])
     trained = {i for i in range(6) if i % 2 == 0}
     for step in range(6):
-        pos, _ = windows.positions(step)
+        pos, _, _ = windows.positions(step)
         owners = np.searchsorted(data.starts, pos[:, 0], side="right") - 1
         assert set(owners.tolist()) <= trained
     held = Windows(data, 16, 4, seed=0, sequences=[1, 3, 5])
-    firsts = np.concatenate([pos[:, 0] for pos, _ in held.in_order()])
+    firsts = np.concatenate([pos[:, 0] for pos, _, _ in held.in_order()])
     assert sorted(firsts.tolist()) == held.starts.tolist()  # every window once
 
     config = fast(kind=kind, steps=10, checkpoint_every=4, holdout=2)

@@ -147,7 +147,7 @@ def train_heads(
         from specmlx.heads.train import target_args
 
         decoder_layer(target_args(models))  # a family EAGLE can copy a layer of, or one line
-    corpus = None
+    corpus, texts = None, None
     if self_distill:
         texts = _read_prompts(prompts) if prompts is not None else None
         if texts is not None and limit is not None:
@@ -171,7 +171,7 @@ def train_heads(
     assert corpus is not None
     data_dir = data or out.with_name(out.name + ".data")
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
-    report = run_training(models, config, data_dir, out, resume=True)
+    report = run_training(models, config, data_dir, out, resume=True, prompts=texts)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
     heldout = " ".join(f"{a:.0%}" for a in report.heldout)
     err.print(

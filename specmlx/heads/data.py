@@ -159,6 +159,39 @@ def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
     return groups[:n] + list(range(first, first + n - len(groups)))
 
 
+def prompt_positions(
+    models: Models, source: dict[str, Any], n: int, prompts: list[str] | None = None
+) -> list[int] | None:
+    """Per cached sequence, its prompt's positions but the last (whose next token is the
+    answer's first): what heads never draft. 0 for pieces of files. # (n,)
+
+    Read from the corpus' recorded `source`, its prompts told by their hash among `prompts`
+    and the shipped set; None when a part's prompts are neither, or when a generated part
+    follows files (whose count of pieces is not recorded)."""
+    candidates = [c for c in (prompts, train_prompts()) if c is not None]
+    parts = _parts(source)
+    skip: list[int] = []
+    for i, part in enumerate(parts):
+        if part.get("kind") != "generated":
+            if i != len(parts) - 1:
+                return None
+            continue
+        count = int(part["prompts"])
+        texts = next(
+            (
+                c[:count]
+                for c in candidates
+                if prompt_set_sha256(c[:count]) == part["prompts_sha256"]
+            ),
+            None,
+        )
+        if texts is None:
+            return None
+        lengths = [len(encode_prompt(models, p, part["chat_template"])) - 1 for p in texts]
+        skip += lengths * int(part.get("samples", 1))  # answer k to prompt i: sequence k·n + i
+    return skip[:n] + [0] * (n - len(skip))
+
+
 def _parts(source: dict[str, Any]) -> list[dict[str, Any]]:
     if "parts" not in source:
         return [source]

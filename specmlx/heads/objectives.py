@@ -24,7 +24,7 @@ ancestors: an approximation of the drafting it trains for.)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -36,6 +36,7 @@ import numpy as np
 from specmlx.heads.shards import FeatureData
 
 Batch = tuple[mx.array, ...]
+Span = tuple[np.ndarray, np.ndarray, np.ndarray]  # positions, sequence ends, first scored
 
 
 class Windows:
@@ -48,17 +49,24 @@ class Windows:
         batch_size: int,
         seed: int,
         sequences: Iterable[int] | None = None,
+        skip: Sequence[int] | None = None,
     ):
-        """`sequences`: the cached sequences to cut windows from (default: all of them)."""
+        """`sequences`: the cached sequences to cut windows from (default: all of them).
+        `skip[i]`: the leading positions of sequence i that are read but never scored (its
+        prompt's but the last: heads only ever draft answers)."""
         bounds = list(zip(data.starts[:-1], data.starts[1:], strict=True))
-        starts, ends = [], []
+        starts, ends, firsts = [], [], []
         for i in range(len(bounds)) if sequences is None else sequences:
-            s, e = bounds[i]
-            for a in range(int(s), int(e) - 2, seq_len):  # a window needs a token 2 ahead
-                starts.append(a)
-                ends.append(int(e))
+            s, e = int(bounds[i][0]), int(bounds[i][1])
+            first = s + (skip[i] if skip is not None else 0)
+            for a in range(s, e - 2, seq_len):  # a window needs a token 2 ahead
+                if a + seq_len > first:  # and a position to score
+                    starts.append(a)
+                    ends.append(e)
+                    firsts.append(first)
         self.starts = np.array(starts, np.int64)  # (windows,)
         self.ends = np.array(ends, np.int64)  # (windows,) the end of each one's sequence
+        self.firsts = np.array(firsts, np.int64)  # (windows,) its first scored position
         self.seq_len = seq_len
         self.batch_size = max(1, min(batch_size, len(starts)))
         self.seed = seed
@@ -67,23 +75,24 @@ class Windows:
     def __len__(self) -> int:
         return len(self.starts)
 
-    def positions(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """Step `step`'s positions in the cache and the end of their sequence. # (B, L), (B, 1)
+    def positions(self, step: int) -> Span:
+        """Step `step`'s positions in the cache, the end of their sequence and its first
+        scored position. # (B, L), (B, 1), (B, 1)
 
         Epoch after epoch, the windows in an order drawn from (seed, epoch)."""
         n = len(self.starts)
         picks = step * self.batch_size + np.arange(self.batch_size)
-        chosen = np.array([self._order(int(g) // n)[int(g) % n] for g in picks])
-        pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
-        return pos, self.ends[chosen][:, None]
+        return self._span(np.array([self._order(int(g) // n)[int(g) % n] for g in picks]))
 
-    def in_order(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def in_order(self) -> Iterator[Span]:
         """Every window once, in cache order, `batch_size` at a time (the last batch may be
-        smaller): positions # (b, L) and sequence ends # (b, 1)."""
+        smaller), as `positions` gives them."""
         for first in range(0, len(self.starts), self.batch_size):
-            chosen = slice(first, first + self.batch_size)
-            pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
-            yield pos, self.ends[chosen][:, None]
+            yield self._span(np.arange(first, min(first + self.batch_size, len(self.starts))))
+
+    def _span(self, chosen: np.ndarray) -> Span:
+        pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
+        return pos, self.ends[chosen][:, None], self.firsts[chosen][:, None]
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
@@ -109,13 +118,19 @@ def _rows(data: FeatureData, pos: np.ndarray) -> mx.array:
 
 
 def medusa_batch(
-    data: FeatureData, pos: np.ndarray, end: np.ndarray, t2d: np.ndarray, heads: int
+    data: FeatureData,
+    pos: np.ndarray,
+    end: np.ndarray,
+    first: np.ndarray,
+    t2d: np.ndarray,
+    heads: int,
 ) -> Batch:
-    """features (B, L, F); labels (K, B, L) draft ids or -1; valid (K, B, L): a token exists."""
+    """features (B, L, F); labels (K, B, L) draft ids or -1; valid (K, B, L): a token exists
+    and the position is scored (at or after `first`)."""
     labels, valid = [], []
     for i in range(heads):
         ahead = pos + 2 + i
-        ok = ahead < end
+        ok = (ahead < end) & (pos >= first)
         labels.append(np.where(ok, t2d[data.tokens[np.minimum(ahead, end - 1)]], -1))
         valid.append(ok)
     features = _rows(data, np.minimum(pos, end - 1))
@@ -123,15 +138,21 @@ def medusa_batch(
 
 
 def eagle_batch(
-    data: FeatureData, pos: np.ndarray, end: np.ndarray, t2d: np.ndarray, unroll: int = 1
+    data: FeatureData,
+    pos: np.ndarray,
+    end: np.ndarray,
+    first: np.ndarray,
+    t2d: np.ndarray,
+    unroll: int = 1,
 ) -> Batch:
     """features f_j (B, L, F), then for each unrolled step s = 1..unroll: tokens j+s
     (B, L), true f_{j+s} (B, L, F), labels: the target's greedy token after j+s in draft ids
-    or -1 (B, L), valid (B, L)."""
+    or -1 (B, L), valid (B, L): the token exists and j is scored (at or after `first`).
+    Positions before `first` are still read: they are the context the head attends to."""
     batch: list[mx.array] = [_rows(data, np.minimum(pos, end - 1))]
     for step in range(1, unroll + 1):
         ahead = np.minimum(pos + step, end - 1)
-        valid = pos + step < end
+        valid = (pos + step < end) & (pos >= first)
         labels = np.where(valid, t2d[data.nexts[ahead]], -1)
         batch += [
             mx.array(data.tokens[ahead]),
@@ -247,16 +268,16 @@ def step_function(
 
 def heldout_accuracy(
     loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
-    batch_of: Callable[[np.ndarray, np.ndarray], Batch],
+    batch_of: Callable[[np.ndarray, np.ndarray, np.ndarray], Batch],
     windows: Windows,
 ) -> list[float]:
     """Top-1 accuracy of each head (eagle: each unrolled step) over `windows`, which the
     heads never trained on: each batch's accuracy weighted by its positions that have a
     label. One host sync per batch; no gradients."""
     total, weight = None, 0
-    for pos, end in windows.in_order():
-        _, _, accuracy = loss_fn(*batch_of(pos, end))
-        n = int((pos + 1 < end).sum())
+    for pos, end, first in windows.in_order():
+        _, _, accuracy = loss_fn(*batch_of(pos, end, first))
+        n = int(((pos + 1 < end) & (pos >= first)).sum())
         total = accuracy * n if total is None else total + accuracy * n
         weight += n
         mx.eval(total)

@@ -34,7 +34,7 @@ from specmlx.api import Models
 from specmlx.errors import UsageError
 from specmlx.heads import checkpoint as ckpt
 from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vocab
-from specmlx.heads.data import draft_vocab, sequence_groups
+from specmlx.heads.data import draft_vocab, prompt_positions, sequence_groups
 from specmlx.heads.objectives import (
     Windows,
     eagle_batch,
@@ -77,6 +77,9 @@ class TrainConfig:
     soft_targets: bool = False  # eagle: cross-entropy against the target's distribution
     unroll: int = 2  # eagle: steps the head runs on its own predictions in the loss
     feature_noise: float = 0.0  # uniform noise of this amplitude on the input features
+    # Score answer positions only: a prompt (the user's text, the chat template) is read as
+    # context but never drafted. Where the prompts can't be told, every position is scored.
+    answers_only: bool = True
     # Every holdout-th cached sequence is never trained on: the heads' accuracy there, at
     # each checkpoint and at the end, is what they do on text they have not seen. 0: none.
     holdout: int = 20
@@ -136,11 +139,14 @@ def train_heads(
     progress: bool = True,
     resume: bool = False,
     stop_after: int | None = None,
+    prompts: list[str] | None = None,
 ) -> TrainReport:
     """Train heads of `config.kind` on the features cached in `data_dir` into `out_dir`.
 
     `resume` continues the run checkpointed in out_dir (without it, a checkpoint there is an
     error rather than lost). `stop_after` stops, checkpointed, once that many steps are done.
+    `prompts`: those the data was generated from, when not the shipped set (to tell where
+    each answer starts).
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     data = open_shards(data_dir, whole=True)
@@ -155,15 +161,17 @@ def train_heads(
         raise UsageError(f"{out_dir} holds an unfinished run: resume it, or delete its checkpoint")
     vocab = target_vocab(models.target)
     d2t = _draft_ids(config, data, vocab)
-    groups = sequence_groups(data.manifest["source"], data.index.n_sequences)
-    train_ids, held_ids = split_sequences(groups, config.holdout)
+    source, n = data.manifest["source"], data.index.n_sequences
+    skip = prompt_positions(models, source, n, prompts) if config.answers_only else None
+    train_ids, held_ids = split_sequences(sequence_groups(source, n), config.holdout)
     batch_size = config.batch_tokens // config.seq_len
-    windows = Windows(data, config.seq_len, batch_size, config.seed, train_ids)
-    heldout = Windows(data, config.seq_len, batch_size, config.seed, held_ids)
+    windows = Windows(data, config.seq_len, batch_size, config.seed, train_ids, skip)
+    heldout = Windows(data, config.seq_len, batch_size, config.seed, held_ids, skip)
     if not len(windows):
         raise UsageError(f"{data_dir} holds no sequence of 3 tokens or more to train on")
     total = config.steps or max(1, math.ceil(config.epochs * len(windows) / windows.batch_size))
     summary = _data_summary(data_dir, data, windows, d2t) | {"heldout_sequences": len(held_ids)}
+    summary["scored"] = "all positions" if skip is None else "answers"
     record = {"settings": settings_record(config), "data": summary}
 
     heads = _create(models, config, d2t)

@@ -33,7 +33,7 @@ from specmlx.api import Models
 from specmlx.cache import Sequence as TargetSequence
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, target_vocab
-from specmlx.heads.data import draft_vocab
+from specmlx.heads.data import draft_vocab, prompt_positions
 from specmlx.heads.shards import FeatureData, open_shards
 
 
@@ -172,34 +172,11 @@ def vocab_report(
         raise UsageError(
             f"draft vocabulary sizes must be above {len(eos_ids)} (the stop tokens are always in)"
         )
-    skip = _prompt_positions(models, data)
+    skip = prompt_positions(models, data.manifest["source"], len(data.starts) - 1)
     cover = coverage(data, sizes, vocab, skip=skip)
     counts = data.index.count_array(vocab)
     costs = proposal_costs(models, sizes, counts, eos_ids, reps=reps)
     return [VocabRow(s, cover[s], *costs[s], answers_only=skip is not None) for s in sizes]
-
-
-def _prompt_positions(models: Models, data: FeatureData) -> list[int] | None:
-    """Per cached sequence, its prompt's positions but the last (whose next token is the
-    answer's first): the self-distilled sequences of the shipped prompts, 0 for files.
-    None when a part's prompts can't be told (the user's own prompt file)."""
-    from specmlx.api import encode_prompt
-    from specmlx.heads.data import prompt_set_sha256, train_prompts
-
-    source = data.manifest["source"]
-    parts = source.get("parts", [source])
-    skip: list[int] = []
-    for i, part in enumerate(parts):
-        if part["kind"] == "files":
-            if i != len(parts) - 1:
-                return None  # its count of sequences is not recorded: the rest can't be placed
-            continue
-        prompts = train_prompts()[: part["prompts"]]
-        if prompt_set_sha256(prompts) != part["prompts_sha256"]:
-            return None
-        lengths = [len(encode_prompt(models, p, part["chat_template"])) - 1 for p in prompts]
-        skip += lengths * part.get("samples", 1)  # answer k to prompt i is sequence k·n + i
-    return skip + [0] * (len(data.starts) - 1 - len(skip))
 
 
 def report_markdown(rows: Sequence[VocabRow], vocab: int) -> str:
