@@ -470,3 +470,37 @@ def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_
     assert same(weights(tmp_path / "whole"), weights(tmp_path / "cut"))
     train_heads(models, fast(kind="eagle", steps=8), data_dir, tmp_path / "quiet", False)
     assert not same(weights(tmp_path / "whole"), weights(tmp_path / "quiet"))
+
+
+def test_prompt_positions_are_read_but_never_scored(models, data_dir):
+    from specmlx.heads.objectives import Windows, eagle_batch, medusa_batch, t2d_table
+
+    data = open_shards(data_dir, whole=True)
+    t2d = t2d_table(None, models.vocab_size)
+    skip = [20] * 6
+    windows = Windows(data, 16, 4, seed=0, skip=skip)
+    starts = data.starts[:-1]
+    # A window inside the first 20 positions has nothing to score: none starts there.
+    owner = np.searchsorted(data.starts, windows.starts, side="right") - 1
+    assert (windows.starts >= starts[owner] + 16).all()
+    assert (windows.firsts == starts[owner] + 20).all()
+    pos, end, first = windows.positions(0)
+    scored = (pos >= first) & (pos + 1 < end)
+    assert scored.any() and not scored.all()
+    valid = np.array(eagle_batch(data, pos, end, first, t2d, unroll=1)[4])
+    assert (valid == scored).all()
+    medusa_valid = np.array(medusa_batch(data, pos, end, first, t2d, heads=2)[2])
+    assert (medusa_valid[0] == ((pos >= first) & (pos + 2 < end))).all()
+    assert len(Windows(data, 16, 4, seed=0)) > len(windows)
+
+
+def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, tmp_path):
+    told = train_heads(models, fast(steps=2), data_dir, tmp_path / "a", False, prompts=PROMPTS)
+    untold = train_heads(models, fast(steps=2), data_dir, tmp_path / "b", False)
+    every = train_heads(
+        models, fast(steps=2, answers_only=False), data_dir, tmp_path / "c", False, prompts=PROMPTS
+    )
+    logs = [json.loads((tmp_path / d / "train_log.json").read_text()) for d in "abc"]
+    assert [log["data"]["scored"] for log in logs] == ["answers", "all positions", "all positions"]
+    assert logs[0]["data"]["windows"] <= logs[1]["data"]["windows"] == logs[2]["data"]["windows"]
+    assert told.finished and untold.finished and every.finished
