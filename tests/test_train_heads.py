@@ -317,6 +317,18 @@ def test_coverage_counts_on_some_sequences_and_scores_the_held_out_ones():
     # The first position of sequence 0 and two of sequence 2 are prompt: [8] and [1] remain.
     got = coverage(data, [2, 16], vocab=16, hold_every=2, skip=[1, 0, 2, 0])
     assert got == {2: 0.0, 16: 1.0}
+    # Sequences 0 and 2 answer one prompt, 1 and 3 another: held out by group, 0 and 2 still.
+    assert coverage(data, [1, 2, 3, 16], vocab=16, hold_every=2, groups=[0, 1, 0, 1]) == {
+        1: 0.0,
+        2: pytest.approx(1 / 5),
+        3: pytest.approx(1 / 5),
+        16: 1.0,
+    }
+    # Groups of two: held out are 0 and 1 (group 0), counted 2 and 3 ([9, 9, 1] and [6, 6, 7]).
+    # V_d 3: 6 and 9 (twice each), the stop token 2 in place of 1; held out nexts
+    # [6, 8, 6, 7, 9, 2]: four of six covered.
+    held = coverage(data, [3], vocab=16, hold_every=2, groups=[0, 0, 1, 1])
+    assert held == {3: pytest.approx(4 / 6)}
 
 
 def test_prompt_positions_are_told_for_the_shipped_prompts_and_the_given_ones(models):

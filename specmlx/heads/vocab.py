@@ -33,7 +33,7 @@ from specmlx.api import Models
 from specmlx.cache import Sequence as TargetSequence
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, target_vocab
-from specmlx.heads.data import draft_vocab, prompt_positions
+from specmlx.heads.data import draft_vocab, prompt_positions, sequence_groups
 from specmlx.heads.shards import FeatureData, open_shards
 
 
@@ -54,16 +54,21 @@ def coverage(
     vocab: int,
     hold_every: int = 4,
     skip: Sequence[int] | None = None,
+    groups: Sequence[int] | None = None,
 ) -> dict[int, float]:
     """Share of the target's next tokens in every `hold_every`-th sequence that fall in the
     `size` most frequent tokens of the other sequences (stop tokens always in). `skip[i]`:
-    leading positions of sequence i not scored (its prompt's, but the last)."""
+    leading positions of sequence i not scored (its prompt's, but the last). `groups[i]`:
+    sequence i's group (`sequence_groups`: the answers to one prompt), held out together;
+    default: one sequence each."""
     n_sequences = len(data.starts) - 1
     if n_sequences < 2:
         raise UsageError("coverage needs at least 2 cached sequences")
     held = np.zeros(len(data.tokens), bool)
     scored = np.zeros(len(data.tokens), bool)
-    for i in range(0, n_sequences, hold_every):
+    for i in range(n_sequences):
+        if (groups[i] if groups is not None else i) % hold_every:
+            continue
         start, end = data.starts[i], data.starts[i + 1]
         held[start:end] = True
         scored[start + (skip[i] if skip is not None else 0) : end] = True
@@ -172,8 +177,9 @@ def vocab_report(
         raise UsageError(
             f"draft vocabulary sizes must be above {len(eos_ids)} (the stop tokens are always in)"
         )
-    skip = prompt_positions(models, data.manifest["source"], len(data.starts) - 1)
-    cover = coverage(data, sizes, vocab, skip=skip)
+    source, n = data.manifest["source"], len(data.starts) - 1
+    skip = prompt_positions(models, source, n)
+    cover = coverage(data, sizes, vocab, skip=skip, groups=sequence_groups(source, n))
     counts = data.index.count_array(vocab)
     costs = proposal_costs(models, sizes, counts, eos_ids, reps=reps)
     return [VocabRow(s, cover[s], *costs[s], answers_only=skip is not None) for s in sizes]
