@@ -379,8 +379,8 @@ def bench(
     from specmlx.bench import run
     from specmlx.bench_summary import build_report
     from specmlx.calibration import load_or_measure
-    from specmlx.display import progress
     from specmlx.envinfo import environment
+    from specmlx.progress import progress_bar
 
     err = Console(stderr=True)
     with err.status("loading models…"):
@@ -396,10 +396,10 @@ def bench(
         with_draft = models.draft is not None
         profile = load_or_measure(models, with_draft)[0] if costs else None
     measurements = []
-    with progress(err, config.total_runs, "benchmarking") as advance:
+    with progress_bar(True, "benchmarking", config.total_runs) as bar:
         for m in run(models, config):
             measurements.append(m)
-            advance(f"{m.suite} {m.prompt_id} {m.row}")
+            bar.advance(f"{m.suite} {m.prompt_id} {m.row}")
     report = build_report(config, measurements, env, profile)
     # A log file gets the whole table, not one cut to 80 columns.
     Console(width=None if sys.stdout.isatty() else 200).print(bench_report.render(report))

@@ -6,7 +6,7 @@ the commands looked up (the registry's models, a device's call costs).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -16,7 +16,6 @@ from rich.highlighter import ReprHighlighter
 from rich.live import Live
 from rich.markup import escape
 from rich.panel import Panel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -75,16 +74,6 @@ def live(console: Console) -> Iterator[Live]:
     """A Live region that refreshes a few times a second and stays on screen after."""
     with Live(console=console, refresh_per_second=8, transient=False) as view:
         yield view
-
-
-@contextmanager
-def progress(console: Console, total: int, description: str) -> Iterator[Callable[[str], None]]:
-    """A bar of `total` steps with a count and the time taken, gone when done; what it yields
-    advances it one step and describes the step now running."""
-    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console, transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda step: bar.update(task, advance=1, description=step)
 
 
 def _printed(text: str, *, markup: bool = True, highlight: bool = True) -> Text:

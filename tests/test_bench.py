@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -40,6 +41,8 @@ def test_end_to_end_cli(tiny_dirs, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(out["json"].read_text())
     validate(report)
+    # stderr is not a terminal here: the progress is a plain line, at the end at least.
+    assert re.search(r"^benchmarking: (\d+)/\1, \d+:\d\d elapsed", result.stderr, re.M)
 
     names = ["none", "mlx-lm plain", "draft k=2", "draft k=3", "mlx-lm k=2", "mlx-lm k=3"]
     assert [r["name"] for r in report["config"]["rows"]] == names

@@ -283,18 +283,18 @@ def test_an_unrolled_eagle_step_scores_the_head_on_its_own_predictions(models, d
 def test_progress_goes_to_a_log_as_plain_lines(monkeypatch, capsys):
     """Where stderr is not a terminal (make > log, CI) a live bar shows nothing: a line every
     LOG_EVERY seconds and one at the end say how far a long run has got."""
-    from specmlx.heads import shards
+    from specmlx import progress
 
-    monkeypatch.setattr(shards, "LOG_EVERY", 0.0)
-    with shards.progress_bar(True, "caching features", 3, completed=1) as bar:
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.0)
+    with progress.progress_bar(True, "caching features", 3, completed=1) as bar:
         bar.advance("100 tokens")
         bar.advance("250 tokens")
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("caching features: 2/3, 0:00 elapsed") and "100 tokens" in lines[0]
     assert lines[1].startswith("caching features: 3/3") and lines[1] == lines[2]
-    monkeypatch.setattr(shards, "LOG_EVERY", 3600.0)
-    with shards.progress_bar(True, "training eagle", 5) as bar:
+    monkeypatch.setattr(progress, "LOG_EVERY", 3600.0)
+    with progress.progress_bar(True, "training eagle", 5) as bar:
         bar.advance("loss 1.0")
     # Only the closing line: the interval has not passed.
     assert capsys.readouterr().err.splitlines() == ["training eagle: 1/5, 0:00 elapsed  loss 1.0"]

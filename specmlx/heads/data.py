@@ -32,7 +32,8 @@ from specmlx.api import GenerationConfig, Models, encode_prompt, generate
 from specmlx.cache import make_cache
 from specmlx.errors import UsageError
 from specmlx.features import FeatureSpec, capturing
-from specmlx.heads.shards import FeatureIndex, ShardWriter, open_shards, progress_bar
+from specmlx.heads.shards import FeatureIndex, ShardWriter, open_shards
+from specmlx.progress import progress_bar
 from specmlx.sampling import SamplingConfig
 
 CHUNK = 512  # tokens per target call when caching features (long sequences go in pieces)

@@ -47,7 +47,8 @@ from specmlx.heads.objectives import (
     t2d_table,
     with_noise,
 )
-from specmlx.heads.shards import FeatureData, open_shards, progress_bar
+from specmlx.heads.shards import FeatureData, open_shards
+from specmlx.progress import progress_bar
 
 KINDS = ("medusa", "eagle")
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 3e-4}
