@@ -507,12 +507,18 @@ def test_prompt_positions_are_read_but_never_scored(models, data_dir):
 
 
 def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, tmp_path):
-    told = train_heads(models, fast(steps=2), data_dir, tmp_path / "a", False, prompts=PROMPTS)
-    untold = train_heads(models, fast(steps=2), data_dir, tmp_path / "b", False)
+    answers = fast(steps=2, answers_only=True, holdout=2)
+    told = train_heads(models, answers, data_dir, tmp_path / "a", False, prompts=PROMPTS)
+    untold = train_heads(models, answers, data_dir, tmp_path / "b", False)
     every = train_heads(
-        models, fast(steps=2, answers_only=False), data_dir, tmp_path / "c", False, prompts=PROMPTS
+        models, fast(steps=2, holdout=2), data_dir, tmp_path / "c", False, prompts=PROMPTS
     )
-    logs = [json.loads((tmp_path / d / "train_log.json").read_text()) for d in "abc"]
-    assert [log["data"]["scored"] for log in logs] == ["answers", "all positions", "all positions"]
-    assert logs[0]["data"]["windows"] <= logs[1]["data"]["windows"] == logs[2]["data"]["windows"]
+    logs = [json.loads((tmp_path / d / "train_log.json").read_text())["data"] for d in "abc"]
+    assert [log["trained_on"] for log in logs] == ["answers", "all positions", "all positions"]
+    assert [log["heldout_scored"] for log in logs] == ["answers", "all positions", "answers"]
+    assert logs[0]["windows"] <= logs[1]["windows"] == logs[2]["windows"]
     assert told.finished and untold.finished and every.finished
+    # Held-out scores count answers where the prompts are told, whatever is trained on.
+    plain = train_heads(models, fast(steps=2, holdout=2), data_dir, tmp_path / "d", False)
+    assert same(weights(tmp_path / "c"), weights(tmp_path / "d"))  # the same training
+    assert every.heldout != plain.heldout

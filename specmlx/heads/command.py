@@ -77,6 +77,10 @@ def train_heads(
         float, typer.Option(help="eagle: uniform noise of this amplitude on its input features.")
     ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the heads' weights and the data order.")] = 0,
+    answers_only: Annotated[
+        bool,
+        typer.Option(help="Leave prompt positions out of the loss (read as context only)."),
+    ] = False,
     holdout: Annotated[
         int,
         typer.Option(
@@ -117,6 +121,7 @@ def train_heads(
         checkpoint_every=checkpoint_every,
         holdout=holdout,
         feature_noise=feature_noise,
+        answers_only=answers_only,
     )
     from rich.console import Console
 
