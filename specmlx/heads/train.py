@@ -81,9 +81,8 @@ class TrainConfig:
     feature_noise: float = 0.0  # uniform noise of this amplitude on the input features
     # Train on answer positions only: a prompt (the user's text, the chat template) is then
     # read as context and left out of the loss. Off by default: the target's next tokens
-    # inside prompts teach the heads too (EAGLE on SmolLM2: 33.3% of held-out first
-    # guesses right trained on every position, 31.4% on answers only). The held-out score
-    # counts answers only either way, where the prompts can be told: heads draft answers.
+    # inside prompts are its behaviour too, and masking them did not help (SmolLM2's EAGLE
+    # head). The held-out score counts answers either way, where the prompts can be told.
     answers_only: bool = False
     # Every holdout-th cached sequence is never trained on: the heads' accuracy there, at
     # each checkpoint and at the end, is what they do on text they have not seen. 0: none.
