@@ -129,6 +129,13 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
     assert again.exit_code == 0 and "nothing to do" in again.output
     other = invoke(*args, "--draft-vocab", "64")  # other settings, same OUT
     assert other.exit_code != 0 and "other settings" in other.output.splitlines()[-1]
+    # Heads from before the held-out split (no `holdout` recorded) trained on every prompt.
+    config = json.loads((out / "config.json").read_text())
+    del config["training"]["settings"]["holdout"]
+    (out / "config.json").write_text(json.dumps(config))
+    legacy = invoke(*args, "--draft-vocab", "0")
+    assert legacy.exit_code != 0 and "other settings" in legacy.output.splitlines()[-1]
+    assert invoke(*args, "--draft-vocab", "0", "--holdout", "0").exit_code == 0
 
 
 @pytest.mark.parametrize(
@@ -137,6 +144,12 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
         (["--kind", "hydra"], "kind must be medusa or eagle"),
         (["--no-self-distill"], "nothing to train on"),
         (["--files", "/no/such/file"], "no such file"),
+        (["--samples", "0"], "need samples >= 1"),
+        (["--temperature", "inf", "--samples", "2"], "temperature > 0"),
+        (["--holdout", "1"], "holdout must be 0 (none) or at least 2"),
+        (["--kind", "eagle", "--feature-noise", "-1"], "feature noise must be >= 0"),
+        (["--kind", "eagle", "--feature-noise", "nan"], "feature noise must be >= 0"),
+        (["--feature-noise", "0.1"], "feature noise is for eagle heads"),
     ],
 )
 def test_train_heads_bad_input_is_one_line(tiny_dirs, tmp_path, extra, needle):

@@ -462,6 +462,8 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
         models, fast(kind=kind, steps=2, holdout=0), data_dir, tmp_path / "w", False
     )
     assert whole.heldout == ()
+    trained = json.loads((tmp_path / "w" / "train_log.json").read_text())["data"]["windows"]
+    assert log["data"]["windows"] < trained  # the held-out answers' windows are not trained on
 
 
 def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_dir, tmp_path):
@@ -518,6 +520,7 @@ def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, 
     assert [log["heldout_scored"] for log in logs] == ["answers", "all positions", "answers"]
     assert logs[0]["windows"] <= logs[1]["windows"] == logs[2]["windows"]
     assert told.finished and untold.finished and every.finished
+    assert not same(weights(tmp_path / "a"), weights(tmp_path / "c"))  # the prompts masked
     # Held-out scores count answers where the prompts are told, whatever is trained on.
     plain = train_heads(models, fast(steps=2, holdout=2), data_dir, tmp_path / "d", False)
     assert same(weights(tmp_path / "c"), weights(tmp_path / "d"))  # the same training

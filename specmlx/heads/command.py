@@ -18,6 +18,8 @@ import typer
 from specmlx.errors import UsageError
 
 KINDS = ("medusa", "eagle")
+# What heads trained before a setting existed were trained with.
+LEGACY_SETTINGS = {"holdout": 0, "feature_noise": 0.0, "answers_only": False}
 
 
 def train_heads(
@@ -74,7 +76,8 @@ def train_heads(
     ] = 4096,
     num_heads: Annotated[int, typer.Option(help="medusa: number of heads.")] = 4,
     feature_noise: Annotated[
-        float, typer.Option(help="eagle: uniform noise of this amplitude on its input features.")
+        float,
+        typer.Option(help="eagle only: uniform noise of this amplitude on its input features."),
     ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed of the heads' weights and the data order.")] = 0,
     answers_only: Annotated[
@@ -101,7 +104,7 @@ def train_heads(
     for path in files or []:
         if not path.exists():
             raise UsageError(f"no such file or folder: {path}")
-    if samples < 1 or not temperature > 0:
+    if samples < 1 or not 0 < temperature < float("inf"):
         raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
     if prompts is not None and not prompts.is_file():
         raise UsageError(f"no such prompts file: {prompts}")
@@ -138,7 +141,9 @@ def train_heads(
     finished = _finished(out)
     if finished is not None and not has_checkpoint(out):
         wanted, defaults = settings_record(config), settings_record(TrainConfig())
-        # A setting newer than the heads counts as its default (what they were trained with).
+        # A setting newer than the heads counts as what they were trained with: the behaviour
+        # before it existed (no held-out prompts), else its default.
+        defaults |= LEGACY_SETTINGS
         if any(finished.get(key, defaults.get(key)) != value for key, value in wanted.items()):
             raise UsageError(
                 f"{out} holds heads trained with other settings; delete it or choose another --out"
@@ -178,11 +183,11 @@ def train_heads(
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
     report = run_training(models, config, data_dir, out, resume=True, prompts=texts)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
-    heldout = " ".join(f"{a:.0%}" for a in report.heldout)
+    heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none held out"
     err.print(
         f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
         f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"
-        + (f" (held out: {heldout})" if heldout else ""),
+        + f" (held out: {heldout})",
         soft_wrap=True,
     )
 

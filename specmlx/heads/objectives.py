@@ -266,21 +266,31 @@ def step_function(
     return partial(mx.compile, inputs=state, outputs=state)(step)
 
 
+def labelled(batch: Batch, kind: str) -> mx.array:
+    """Positions that count in each head's accuracy (medusa) or each unrolled step's
+    (eagle): those with a token to guess, at or after the first scored one. # (K,)"""
+    if kind == "medusa":
+        return batch[2].sum((1, 2))
+    return mx.stack([valid.sum() for valid in batch[4::4]])
+
+
 def heldout_accuracy(
     loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
     batch_of: Callable[[np.ndarray, np.ndarray, np.ndarray], Batch],
     windows: Windows,
+    kind: str,
 ) -> list[float]:
     """Top-1 accuracy of each head (eagle: each unrolled step) over `windows`, which the
-    heads never trained on: each batch's accuracy weighted by its positions that have a
-    label. One host sync per batch; no gradients."""
-    total, weight = None, 0
+    heads never trained on: each batch's accuracy weighted by the positions it counted
+    (`labelled`). Evaluated batch by batch; no gradients."""
+    hits, counts = None, None
     for pos, end, first in windows.in_order():
-        _, _, accuracy = loss_fn(*batch_of(pos, end, first))
-        n = int(((pos + 1 < end) & (pos >= first)).sum())
-        total = accuracy * n if total is None else total + accuracy * n
-        weight += n
-        mx.eval(total)
-    if total is None or weight == 0:
+        batch = batch_of(pos, end, first)
+        _, _, accuracy = loss_fn(*batch)
+        n = labelled(batch, kind)
+        hits = accuracy * n if hits is None else hits + accuracy * n
+        counts = n if counts is None else counts + n
+        mx.eval(hits, counts)
+    if hits is None or counts is None:
         return []
-    return [round(a / weight, 4) for a in total.tolist()]
+    return [round(h / max(c, 1), 4) for h, c in zip(hits.tolist(), counts.tolist(), strict=True)]

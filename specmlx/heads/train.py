@@ -10,8 +10,8 @@ cache. AdamW with a linear warm-up and a cosine decay; the losses are in
 `specmlx.heads.objectives`. Every `holdout`-th prompt's answers are kept out of training,
 and the heads' top-1 accuracy on them (answer positions), at each checkpoint and at the end,
 goes to the log: what they will keep when drafting new answers, and, beside the training
-accuracy, how far they overfit their data. Every `checkpoint_every` steps, and on Ctrl-C (the step under
-way finishes first; a second Ctrl-C stops at once), the run's state goes to
+accuracy, how far they overfit their data. Every `checkpoint_every` steps, and on Ctrl-C
+(the step under way finishes first; a second Ctrl-C stops at once), the run's state goes to
 `out_dir/checkpoint`; `resume=True` continues from it and ends with the same weights as an
 uninterrupted run. A finished run leaves the heads (`save_heads`, with a record of the data,
 steps, seed, losses and time in their config), `train_log.json` and `loss.png` in out_dir.
@@ -84,8 +84,9 @@ class TrainConfig:
     # inside prompts are its behaviour too, and masking them did not help (SmolLM2's EAGLE
     # head). The held-out score counts answers either way, where the prompts can be told.
     answers_only: bool = False
-    # Every holdout-th cached sequence is never trained on: the heads' accuracy there, at
-    # each checkpoint and at the end, is what they do on text they have not seen. 0: none.
+    # The answers to every holdout-th prompt (and every holdout-th piece of file) are never
+    # trained on: the heads' accuracy there, at each checkpoint and at the end, is what they
+    # do on text they have not seen. 0: none.
     holdout: int = 20
     checkpoint_every: int = 100
     compile: bool = True
@@ -105,8 +106,10 @@ class TrainConfig:
                 raise UsageError(f"{name} must be at least 1, got {value}")
         if self.batch_tokens < self.seq_len:
             raise UsageError(f"batch-tokens ({self.batch_tokens}) below seq-len ({self.seq_len})")
-        if self.feature_noise < 0:
+        if not 0 <= self.feature_noise < math.inf:
             raise UsageError(f"feature noise must be >= 0, got {self.feature_noise}")
+        if self.feature_noise and self.kind != "eagle":
+            raise UsageError("feature noise is for eagle heads")
         if self.holdout < 0 or self.holdout == 1:
             raise UsageError(f"holdout must be 0 (none) or at least 2, got {self.holdout}")
         if not self.epochs > 0 or (self.lr is not None and not self.lr > 0):
@@ -199,7 +202,7 @@ def train_heads(
     if not len(heldout):
         evaluate = None
     else:
-        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout)
+        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout, config.kind)
 
     with (
         ckpt.deferred_interrupt() as interrupt,

@@ -72,6 +72,8 @@ def coverage(
         start, end = data.starts[i], data.starts[i + 1]
         held[start:end] = True
         scored[start + (skip[i] if skip is not None else 0) : end] = True
+    if held.all():
+        raise UsageError("coverage needs the answers to at least 2 prompts")
     counts = np.bincount(data.tokens[~held], minlength=vocab)[:vocab]
     nexts = data.nexts[scored]
     out = {}
