@@ -183,7 +183,7 @@ def train_heads(
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
     report = run_training(models, config, data_dir, out, resume=True, prompts=texts)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
-    heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none held out"
+    heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none"
     err.print(
         f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
         f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"

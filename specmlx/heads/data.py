@@ -150,13 +150,13 @@ def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
     Reads the corpus' recorded `source`: generated parts are laid out as `generate_corpus`
     makes them, k·prompts + i; the first part that is not generated ends the reading."""
     groups: list[int] = []
+    first = 0  # the next part's first group
     for part in _parts(source):
         if part.get("kind") != "generated":
             break
         prompts = int(part["prompts"])
-        first = len(set(groups))
         groups += [first + j % prompts for j in range(prompts * int(part.get("samples", 1)))]
-    first = len(set(groups))
+        first += prompts
     return groups[:n] + list(range(first, first + n - len(groups)))
 
 

@@ -62,8 +62,6 @@ def coverage(
     sequence i's group (`sequence_groups`: the answers to one prompt), held out together;
     default: one sequence each."""
     n_sequences = len(data.starts) - 1
-    if n_sequences < 2:
-        raise UsageError("coverage needs at least 2 cached sequences")
     held = np.zeros(len(data.tokens), bool)
     scored = np.zeros(len(data.tokens), bool)
     for i in range(n_sequences):
