@@ -10,14 +10,14 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "load": "specmlx.api",
-    "generate": "specmlx.api",
-    "stream_generate": "specmlx.api",
-    "GenerationConfig": "specmlx.api",
-    "ChatSession": "specmlx.chat",
-    "SamplingConfig": "specmlx.sampling",
-    "resolve_model": "specmlx.resolve",
-    "convert_gguf": "specmlx.convert",
+    "load": "specmlx.api.load",
+    "generate": "specmlx.api.generate",
+    "stream_generate": "specmlx.api.generate",
+    "GenerationConfig": "specmlx.api.config",
+    "ChatSession": "specmlx.api.chat",
+    "SamplingConfig": "specmlx.engine.sampling",
+    "resolve_model": "specmlx.io.resolve",
+    "convert_gguf": "specmlx.io.convert",
     "SpecmlxError": "specmlx.errors",
 }
 

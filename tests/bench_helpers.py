@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from specmlx.bench_report import to_json
-from specmlx.bench_summary import Report
+from specmlx.bench.report import to_json
+from specmlx.bench.summary import Report
 
 
 def schema() -> dict:
@@ -28,7 +28,7 @@ def by_name(report: Report, field: str, temperature: float = 0.0) -> dict:
 
 
 def fake_environment() -> dict:
-    """An environment as `specmlx.envinfo` reports it, for reports built without a model."""
+    """An environment as `specmlx.engine.device` reports it, for reports built without a model."""
     model = {"path": None, "dtype": "float32", "quantization": None, "parameters": 1, "bytes": 4}
     return {
         "specmlx": "0",

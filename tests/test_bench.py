@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specmlx.bench import MLX_LM_PLAIN, NONE, BenchConfig, RowSpec, make_rows, plan, run
-from specmlx.bench_report import write_atomic
-from specmlx.bench_summary import build_report
+from specmlx.bench.report import write_atomic
+from specmlx.bench.run import MLX_LM_PLAIN, NONE, BenchConfig, RowSpec, make_rows, plan, run
+from specmlx.bench.suites import SUITES, Prompt, Suite, load_prompts_file, load_suite, suite_names
+from specmlx.bench.summary import build_report
 from specmlx.cli import app
-from specmlx.cli_options import SharedOptions
+from specmlx.cli.options import SharedOptions
+from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
-from specmlx.sampling import SamplingConfig
-from specmlx.suites import SUITES, Prompt, Suite, load_prompts_file, load_suite, suite_names
 from tests.bench_helpers import by_name, fake_environment, validate
 
 runner = CliRunner()
@@ -26,7 +26,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def tiny_models(tiny_dirs):
-    from specmlx.api import load
+    from specmlx.api.load import load
 
     return load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
 
@@ -221,7 +221,7 @@ def test_atomic_write_leaves_nothing_when_interrupted(monkeypatch, tmp_path: Pat
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("specmlx.bench_report.os.replace", interrupted)
+    monkeypatch.setattr("specmlx.bench.report.os.replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_atomic(target, "{}")
     assert list(tmp_path.iterdir()) == []
@@ -229,7 +229,7 @@ def test_atomic_write_leaves_nothing_when_interrupted(monkeypatch, tmp_path: Pat
 
 def test_plot(tiny_models, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from specmlx.bench_report import plot_png
+    from specmlx.bench.report import plot_png
 
     suite = Suite("one", (Prompt("p1", "def fibonacci(n):"),))
     config = BenchConfig(

@@ -6,13 +6,13 @@ from dataclasses import fields, replace
 
 import pytest
 
-from specmlx.bench import MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec
-from specmlx.bench_report import markdown, to_csv
-from specmlx.bench_summary import Report, SummaryRow, build_report
-from specmlx.decode import Step
-from specmlx.sampling import SamplingConfig
-from specmlx.stats import Stats
-from specmlx.suites import Prompt, Suite
+from specmlx.bench.report import markdown, to_csv
+from specmlx.bench.run import MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec
+from specmlx.bench.suites import Prompt, Suite
+from specmlx.bench.summary import Report, SummaryRow, build_report
+from specmlx.engine.decode import Step
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.stats import Stats
 from tests.bench_helpers import fake_environment, validate
 
 
@@ -165,7 +165,7 @@ def test_csv_and_markdown_render_missing_values() -> None:
 def test_tree_rows_report_their_verified_tokens_and_no_chain_model_fit() -> None:
     """A tree row verifies 1 + 15 nodes a call: no α or prediction from the chain model,
     which prices k + 1 tokens; a chain row at k = 3 gets both."""
-    from specmlx.costs import CostProfile
+    from specmlx.engine.costs import CostProfile
 
     tree, chain = RowSpec("medusa", 4), RowSpec("draft", 3)
     config = _synthetic_config((NONE, tree, chain))

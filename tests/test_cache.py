@@ -9,11 +9,11 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
-from specmlx.cache import Sequence, SpecKVCache
-from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
-from specmlx.policy import FixedK
-from specmlx.sampling import SamplingConfig
+from specmlx.engine.cache import Sequence, SpecKVCache
+from specmlx.engine.decode import decode
+from specmlx.engine.policy import FixedK
+from specmlx.engine.sampling import SamplingConfig
 from tests.tiny import ARCHS, make_model_dir
 
 GREEDY = SamplingConfig()

@@ -8,9 +8,10 @@ from itertools import zip_longest
 import pytest
 
 import specmlx
-from specmlx.api import GenerationConfig, encode_prompt
-from specmlx.chat import ChatSession
-from specmlx.stats import Stats
+from specmlx.api.chat import ChatSession
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import encode_prompt
+from specmlx.engine.stats import Stats
 
 CONFIG = GenerationConfig(method="draft", k=3, max_tokens=12)
 

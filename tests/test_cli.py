@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from specmlx import __version__
+from specmlx.api.methods import METHODS, DraftOptions, LookaheadOptions, NgramOptions
 from specmlx.cli import app
-from specmlx.cli_options import MethodFlags, SharedOptions
-from specmlx.methods import METHODS, DraftOptions, LookaheadOptions, NgramOptions
+from specmlx.cli.options import MethodFlags, SharedOptions
 from tests.tiny import make_model_dir
 
 runner = CliRunner()
@@ -103,8 +103,8 @@ def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(
     so (a draft call costs a target call, as the same-size models do): timed, their sub-ms
     calls are at the mercy of the machine, and in one `make test` the measured costs let
     auto speculate on all 23 calls."""
-    from specmlx import calibration
-    from specmlx.costs import CostProfile
+    from specmlx.api import calibration
+    from specmlx.engine.costs import CostProfile
 
     same_size = CostProfile(0.001, 0.001, {k: 1 + 0.05 * (k - 1) for k in range(1, 17)})
     monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
@@ -269,20 +269,20 @@ def test_shared_options_default():
 
 
 def test_bench_overhead_calls_the_overhead_module(monkeypatch):
-    """--overhead loads no model: it renders what `specmlx.overhead` measured."""
+    """--overhead loads no model: it renders what `specmlx.bench.overhead` measured."""
     calls = []
-    fake = types.ModuleType("specmlx.overhead")
+    fake = types.ModuleType("specmlx.bench.overhead")
     fake.measure_overhead = lambda: calls.append("measured") or ["row"]
     fake.render = lambda rows: f"overhead table of {rows}"
-    monkeypatch.setitem(sys.modules, "specmlx.overhead", fake)
+    monkeypatch.setitem(sys.modules, "specmlx.bench.overhead", fake)
     result = invoke("bench", "--overhead")
     assert result.exit_code == 0, result.output
     assert calls == ["measured"] and "overhead table of ['row']" in result.output
 
 
 def test_stats_line_shows_ttft_and_acceptance_by_position():
-    from specmlx.display import stats_line
-    from specmlx.stats import Stats
+    from specmlx.cli.display import stats_line
+    from specmlx.engine.stats import Stats
 
     stats = Stats(
         tokens=10,
@@ -306,8 +306,8 @@ def test_stats_line_shows_ttft_and_acceptance_by_position():
 def test_models_view_shows_what_is_fetched():
     from rich.console import Console
 
-    from specmlx.display import models_view
-    from specmlx.registry import load_registry
+    from specmlx.cli.display import models_view
+    from specmlx.io.registry import load_registry
 
     registry = load_registry()
     fetched, *missing = registry.models

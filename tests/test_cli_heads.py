@@ -11,14 +11,16 @@ import pytest
 from mlx.utils import tree_flatten, tree_map
 from typer.testing import CliRunner
 
-from specmlx.api import GenerationConfig, load, method_of
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import method_of
+from specmlx.api.load import load
+from specmlx.api.methods import EagleOptions, MedusaOptions
 from specmlx.cli import app
-from specmlx.cli_options import MethodFlags
+from specmlx.cli.options import MethodFlags
 from specmlx.heads import HeadsConfig, save_heads
 from specmlx.heads.base import fingerprint, target_vocab
 from specmlx.heads.eagle import EagleHead
 from specmlx.heads.medusa import MedusaHeads
-from specmlx.methods import EagleOptions, MedusaOptions
 
 runner = CliRunner()
 

@@ -19,8 +19,8 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, TokenType
 from gguf.quants import dequantize, quantize
 
-from specmlx.convert import convert_gguf
 from specmlx.errors import SpecmlxError, UsageError
+from specmlx.io.convert import convert_gguf
 from tests.tiny import ARCHS, CHAT_TEMPLATE, write_tokenizer
 
 Q = GGMLQuantizationType

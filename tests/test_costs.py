@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specmlx.costs import (
+from specmlx.engine.costs import (
     CostProfile,
     acceptance_from_tokens,
     expected_tokens,
@@ -94,7 +94,7 @@ def test_measure_costs_on_a_tiny_pair(tiny_dirs) -> None:
 def test_each_measured_call_keeps_one_token_as_a_rejected_step_does(tiny_dirs) -> None:
     from mlx_lm import load
 
-    from specmlx.costs import _prefilled, _time_call
+    from specmlx.engine.costs import _prefilled, _time_call
 
     model, _ = load(str(tiny_dirs["llama"]))
     sequence = _prefilled(model, 8)
@@ -120,7 +120,7 @@ def test_acceptance_from_tokens_by_hand() -> None:
 
 
 def test_monotone_pools_sizes_that_break_the_order() -> None:
-    from specmlx.costs import monotone
+    from specmlx.engine.costs import monotone
 
     v = monotone({1: 1.0, 2: 1.3, 4: 1.9, 8: 2.0, 12: 3.2, 16: 1.8})
     values = [v[k] for k in sorted(v)]
@@ -130,7 +130,7 @@ def test_monotone_pools_sizes_that_break_the_order() -> None:
 
 
 def test_monotone_keeps_a_one_token_call_at_one() -> None:
-    from specmlx.costs import monotone
+    from specmlx.engine.costs import monotone
 
     v = monotone({1: 1.0, 2: 0.92, 3: 1.2})
     assert v == {1: 1.0, 2: 1.0, 3: 1.2}

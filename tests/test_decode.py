@@ -6,11 +6,11 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from specmlx.cache import Sequence
-from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
-from specmlx.policy import AdaptiveK, FixedK
-from specmlx.sampling import SamplingConfig
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.policy import AdaptiveK, FixedK
+from specmlx.engine.sampling import SamplingConfig
 
 PROMPTS = [
     "The capital of France is",
@@ -149,7 +149,7 @@ def test_sampled_speculation_is_reproducible_with_a_seed(llama):
 
 
 def test_adaptive_k_keeps_greedy_output(llama):
-    from specmlx.costs import CostProfile
+    from specmlx.engine.costs import CostProfile
 
     target, tokenizer, draft = llama
     # Costs that make speculation win whatever the tiny models' sub-millisecond calls
@@ -186,8 +186,10 @@ def test_p_min_stops_drafting_early_and_keeps_output(llama):
 
 
 def test_p_min_works_at_a_fixed_k_through_the_api(tiny_dirs):
-    from specmlx.api import GenerationConfig, generate, load
-    from specmlx.methods import DraftOptions
+    from specmlx.api.config import GenerationConfig
+    from specmlx.api.generate import generate
+    from specmlx.api.load import load
+    from specmlx.api.methods import DraftOptions
 
     models = load(str(tiny_dirs["llama"]), str(tiny_dirs["llama"]), progress=False)
     prompt = PROMPTS[1]

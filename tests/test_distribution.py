@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specmlx import verify
-from specmlx.cache import Sequence
-from specmlx.decode import decode
 from specmlx.drafters.draft_model import DraftModelDrafter
 from specmlx.drafters.lookahead import LookaheadDrafter
 from specmlx.drafters.ngram import NgramDrafter
-from specmlx.policy import FixedK
-from specmlx.sampling import SamplingConfig, warp
+from specmlx.engine import verify
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.policy import FixedK
+from specmlx.engine.sampling import SamplingConfig, warp
 
 RUNS = 2500
 PROMPT = "The quick brown fox"
@@ -145,7 +145,7 @@ def test_broken_residual_is_detected(models, monkeypatch):
         token = mx.random.categorical(mx.log(target_probs[n_accepted])).astype(mx.uint32)
         return n_accepted, token
 
-    monkeypatch.setattr("specmlx.decode.rejection_verify", broken)
+    monkeypatch.setattr("specmlx.engine.decode.rejection_verify", broken)
     ids = tokenizer.encode(PROMPT)
     drafter = DraftModelDrafter(close_draft, sampling, target.args.vocab_size)
     pairs = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)

@@ -8,13 +8,13 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from specmlx.cache import Sequence
-from specmlx.decode import decode
 from specmlx.drafters.lookahead import LookaheadDrafter
 from specmlx.drafters.ngram import NgramDrafter, NgramIndex
-from specmlx.policy import FixedK
-from specmlx.sampling import SamplingConfig
-from specmlx.tree import Tree, TreeBuilder
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.policy import FixedK
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.tree import Tree, TreeBuilder
 from tests.test_decode import PROMPTS
 
 GREEDY = SamplingConfig()

@@ -6,9 +6,9 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from specmlx.cache import Sequence
-from specmlx.features import FeatureSpec, backbone, capturing
-from specmlx.tree import Tree
+from specmlx.engine.cache import Sequence
+from specmlx.engine.features import FeatureSpec, backbone, capturing
+from specmlx.engine.tree import Tree
 
 FAMILIES = ["llama", "qwen2", "gemma3_text"]
 

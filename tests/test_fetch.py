@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specmlx import fetch, registry
 from specmlx.cli import app
 from specmlx.errors import SpecmlxError, UsageError
+from specmlx.io import fetch, registry
 
 # Two wheels; the second holds its bytes in files matched by a glob, named so that only a
 # sorted walk puts them in the right order.
@@ -97,9 +97,9 @@ def env(tmp_path, monkeypatch) -> Env:
         return Path(out)
 
     monkeypatch.setattr(fetch.subprocess, "run", run)
-    module = types.ModuleType("specmlx.convert")
+    module = types.ModuleType("specmlx.io.convert")
     module.convert_gguf = convert_gguf
-    monkeypatch.setitem(sys.modules, "specmlx.convert", module)
+    monkeypatch.setitem(sys.modules, "specmlx.io.convert", module)
     return state
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter, TokenType
 
-from specmlx.gguf_tensors import open_gguf
-from specmlx.gguf_tokenizer import build_tokenizer, sentencepiece_merges
+from specmlx.io.gguf_tensors import open_gguf
+from specmlx.io.gguf_tokenizer import build_tokenizer, sentencepiece_merges
 from tests.test_convert import convert_gguf, gguf_path, write_gguf
 from tests.tiny import CHAT_TEMPLATE, CORPUS
 

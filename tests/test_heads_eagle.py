@@ -11,17 +11,17 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from specmlx.cache import Sequence
-from specmlx.decode import decode
-from specmlx.drafters.base import Verdict
 from specmlx.drafters.eagle import EagleDrafter, best_tree_size
-from specmlx.features import FeatureSpec
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.draft import Verdict
+from specmlx.engine.features import FeatureSpec
+from specmlx.engine.policy import FixedK
+from specmlx.engine.policy.base import Plan
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.tree import TreeBuilder
 from specmlx.heads.base import HeadsConfig, target_vocab
 from specmlx.heads.eagle import EagleHead
-from specmlx.policy import FixedK
-from specmlx.policy.base import Plan
-from specmlx.sampling import SamplingConfig
-from specmlx.tree import TreeBuilder
 from tests.test_distribution import chi2_pvalue, exact_joint, sample_pairs
 
 FAMILIES = ["llama", "qwen2", "gemma3_text"]

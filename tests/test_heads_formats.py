@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from specmlx.cache import Sequence
-from specmlx.decode import decode
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.features import FeatureSpec, backbone, capturing
+from specmlx.engine.policy import FixedK
+from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import SpecmlxError
-from specmlx.features import FeatureSpec, backbone, capturing
 from specmlx.heads import load_heads, save_heads
 from specmlx.heads.eagle3 import aux_layers
 from specmlx.heads.formats import read_published
-from specmlx.policy import FixedK
-from specmlx.sampling import SamplingConfig
 from tests.tiny import make_model_dir
 
 save_file = pytest.importorskip("safetensors.numpy").save_file

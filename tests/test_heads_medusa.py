@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from specmlx.cache import Sequence
-from specmlx.decode import decode
 from specmlx.drafters.medusa import MedusaDrafter
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.features import backbone
+from specmlx.engine.policy import FixedK
+from specmlx.engine.policy.base import Outcome, Plan
+from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import SpecmlxError
-from specmlx.features import backbone
 from specmlx.heads import HeadsConfig, load_heads, save_heads
 from specmlx.heads import store as heads_store
 from specmlx.heads.base import fingerprint, target_vocab
 from specmlx.heads.medusa import MedusaHeads
-from specmlx.policy import FixedK
-from specmlx.policy.base import Outcome, Plan
-from specmlx.sampling import SamplingConfig
 from tests.test_distribution import chi2_pvalue, exact_joint
 
 GREEDY = SamplingConfig()

@@ -1,12 +1,12 @@
-"""`specmlx.overhead`: per-step host time and syncs of every method, on tiny in-process models."""
+"""`specmlx.bench.overhead`: per-step host time and syncs of every method, on tiny in-process models."""
 
 from __future__ import annotations
 
 import pytest
 from rich.table import Table
 
-from specmlx.methods import METHODS
-from specmlx.overhead import OverheadRow, measure_overhead, render, tiny_models
+from specmlx.api.methods import METHODS
+from specmlx.bench.overhead import OverheadRow, measure_overhead, render, tiny_models
 
 
 @pytest.fixture(scope="module")

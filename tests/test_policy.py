@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from specmlx.costs import CostProfile
-from specmlx.drafters.base import DrafterTraits
-from specmlx.policy import AdaptiveK, FixedK, LearnedCosts, Outcome
-from specmlx.policy.estimators import AcceptanceRates, Decaying, expectations
+from specmlx.engine.costs import CostProfile
+from specmlx.engine.draft import DrafterTraits
+from specmlx.engine.policy import AdaptiveK, FixedK, LearnedCosts, Outcome
+from specmlx.engine.policy.estimators import AcceptanceRates, Decaying, expectations
 
 UNIT = 0.5  # seconds of a calibrated one-token target call
 DRAFT = DrafterTraits("draft", uses_model=True, prior_acceptance=0.7, reports_confidence=True)

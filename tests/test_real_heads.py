@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specmlx.api import GenerationConfig, generate
-from specmlx.methods import EagleOptions, MedusaOptions
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import generate
+from specmlx.api.methods import EagleOptions, MedusaOptions
 from tests.test_real_loop import CODE, need
 
 pytestmark = pytest.mark.real

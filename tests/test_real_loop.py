@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specmlx.api import GenerationConfig, generate
-from specmlx.registry import local_model_present
-from specmlx.sampling import SamplingConfig
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import generate
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.io.registry import local_model_present
 
 pytestmark = pytest.mark.real
 

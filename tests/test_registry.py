@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specmlx import registry
 from specmlx.cli import app
 from specmlx.errors import SpecmlxError
+from specmlx.io import registry
 
 REPO = Path(__file__).resolve().parent.parent
 ALIASES = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m")

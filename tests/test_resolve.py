@@ -12,10 +12,10 @@ import huggingface_hub
 import pytest
 from huggingface_hub import errors as hub_errors
 
-from specmlx import resolve
 from specmlx.errors import SpecmlxError
-from specmlx.registry import load_registry
-from specmlx.resolve import resolve_model
+from specmlx.io import resolve
+from specmlx.io.registry import load_registry
+from specmlx.io.resolve import resolve_model
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +28,7 @@ def folders(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def converts(monkeypatch) -> list[tuple[Path, Path]]:
-    """A stand-in `specmlx.convert` that records its calls and writes a config.json."""
+    """A stand-in `specmlx.io.convert` that records its calls and writes a config.json."""
     calls: list[tuple[Path, Path]] = []
 
     def convert_gguf(src, out, *, dtype="float32", force=False, progress=True, **_):
@@ -37,9 +37,9 @@ def converts(monkeypatch) -> list[tuple[Path, Path]]:
         (Path(out) / "config.json").write_text(json.dumps({"from": str(src)}))
         return Path(out)
 
-    module = types.ModuleType("specmlx.convert")
+    module = types.ModuleType("specmlx.io.convert")
     module.convert_gguf = convert_gguf
-    monkeypatch.setitem(sys.modules, "specmlx.convert", module)
+    monkeypatch.setitem(sys.modules, "specmlx.io.convert", module)
     return calls
 
 

@@ -21,7 +21,8 @@ import pytest
 import uvicorn
 
 import specmlx
-from specmlx.api import GenerationConfig, encode_prompt
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import encode_prompt
 from specmlx.server import engine as engine_module
 from specmlx.server.app import create_app
 from specmlx.server.engine import Engine, Record
@@ -390,8 +391,8 @@ def test_shutdown_ends_open_streams_and_the_worker(models, monkeypatch):
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_heads_serve_what_generate_gives(models, method):
-    from specmlx.methods import EagleOptions, MedusaOptions
-    from specmlx.overhead import tiny_heads
+    from specmlx.api.methods import EagleOptions, MedusaOptions
+    from specmlx.bench.overhead import tiny_heads
 
     with_heads = replace(models, heads=tiny_heads(models.target, seed=5))
     options = {"medusa": MedusaOptions(tree_size=8), "eagle": EagleOptions(tree_size=8)}[method]

@@ -6,15 +6,15 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from specmlx.cache import Sequence
-from specmlx.costs import CostProfile
-from specmlx.decode import decode
+from specmlx.bench.syncs import counting_syncs
 from specmlx.drafters.draft_model import DraftModelDrafter
 from specmlx.drafters.lookahead import LookaheadDrafter
 from specmlx.drafters.ngram import NgramDrafter
-from specmlx.policy import AdaptiveK, FixedK
-from specmlx.sampling import SamplingConfig
-from specmlx.syncs import counting_syncs
+from specmlx.engine.cache import Sequence
+from specmlx.engine.costs import CostProfile
+from specmlx.engine.decode import decode
+from specmlx.engine.policy import AdaptiveK, FixedK
+from specmlx.engine.sampling import SamplingConfig
 from tests.test_decode import PROMPTS
 
 GREEDY = SamplingConfig()
@@ -90,9 +90,9 @@ def test_the_confidence_stop_rule_syncs_at_most_once_per_drafted_token(llama):
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_heads_sync_once_to_read_their_tree_and_once_to_verify(llama, method):
+    from specmlx.bench.overhead import tiny_heads
     from specmlx.drafters.eagle import EagleDrafter
     from specmlx.drafters.medusa import MedusaDrafter
-    from specmlx.overhead import tiny_heads
 
     target, tokenizer, _ = llama
     heads = tiny_heads(target, seed=3)[method]

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import specmlx
+from specmlx.bench.suites import SUITES, load_suite
+from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.errors import SpecmlxError, UsageError
-from specmlx.features import FeatureSpec, capturing
 from specmlx.heads import load_heads
-from specmlx.heads.data import (
+from specmlx.training.data import (
     Corpus,
     cache_features,
     draft_vocab,
@@ -24,9 +25,8 @@ from specmlx.heads.data import (
     target_features,
     train_prompts,
 )
-from specmlx.heads.shards import open_shards
-from specmlx.heads.train import TrainConfig, train_heads
-from specmlx.suites import SUITES, load_suite
+from specmlx.training.shards import open_shards
+from specmlx.training.train import TrainConfig, train_heads
 from tests.tiny import make_model_dir
 
 PROMPTS = [
@@ -231,7 +231,7 @@ def test_no_bench_prompt_is_in_the_training_prompts():
 def test_ctrl_c_checkpoints_the_step_under_way_and_the_run_resumes(
     models, data_dir, tmp_path, monkeypatch
 ):
-    from specmlx.heads import objectives
+    from specmlx.training import objectives
 
     config = fast(steps=8, checkpoint_every=100)
     train_heads(models, config, data_dir, tmp_path / "whole", progress=False)
@@ -258,8 +258,8 @@ def test_an_unrolled_eagle_step_scores_the_head_on_its_own_predictions(models, d
     terms are those of unroll=1, the total grows, and each step has its accuracy."""
     from specmlx.heads.base import HeadsConfig, target_vocab
     from specmlx.heads.eagle import EagleHead
-    from specmlx.heads.objectives import Windows, eagle_batch, eagle_loss, t2d_table
-    from specmlx.heads.train import target_args
+    from specmlx.training.objectives import Windows, eagle_batch, eagle_loss, t2d_table
+    from specmlx.training.train import target_args
 
     data = open_shards(data_dir, whole=True)
     vocab = target_vocab(models.target)
@@ -301,8 +301,8 @@ def test_progress_goes_to_a_log_as_plain_lines(monkeypatch, capsys):
 
 
 def test_coverage_counts_on_some_sequences_and_scores_the_held_out_ones():
-    from specmlx.heads.shards import FeatureData, FeatureIndex
-    from specmlx.heads.vocab import coverage
+    from specmlx.training.shards import FeatureData, FeatureIndex
+    from specmlx.training.vocab import coverage
 
     # Sequence 0 (held out) and 2 (held out with hold_every=2); 1 and 3 are counted.
     tokens = np.array([5, 5, 6, 6, 6, 7, 9, 9, 1, 6, 6, 7], np.int32)
@@ -332,8 +332,8 @@ def test_coverage_counts_on_some_sequences_and_scores_the_held_out_ones():
 
 
 def test_prompt_positions_are_told_for_the_shipped_prompts_and_the_given_ones(models):
-    from specmlx.api import encode_prompt
-    from specmlx.heads.data import prompt_positions, prompt_set_sha256, train_prompts
+    from specmlx.api.generate import encode_prompt
+    from specmlx.training.data import prompt_positions, prompt_set_sha256, train_prompts
 
     prompts = train_prompts()[:3]
     generated = {"kind": "generated", "prompts": 3, "prompts_sha256": prompt_set_sha256(prompts)}
@@ -360,7 +360,7 @@ def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
     from typer.testing import CliRunner
 
     from specmlx.cli import app
-    from specmlx.heads.vocab import vocab_report
+    from specmlx.training.vocab import vocab_report
 
     rows = vocab_report(models, data_dir, [16, 64, 10**6], reps=2)
     vocab = models.target.args.vocab_size
@@ -400,7 +400,7 @@ def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
 
 
 def test_sampled_answers_follow_the_greedy_ones_prompt_by_prompt(models, corpus):
-    from specmlx.api import encode_prompt
+    from specmlx.api.generate import encode_prompt
 
     plain = generate_corpus(models, PROMPTS[:3], max_tokens=12, samples=2, temperature=1.0)
     batched = generate_corpus(models, PROMPTS[:3], 12, samples=2, temperature=1.0, batch_size=2)
@@ -418,8 +418,8 @@ def test_sampled_answers_follow_the_greedy_ones_prompt_by_prompt(models, corpus)
 
 
 def test_the_answers_to_one_prompt_are_one_group():
-    from specmlx.heads.data import sequence_groups
-    from specmlx.heads.train import split_sequences
+    from specmlx.training.data import sequence_groups
+    from specmlx.training.train import split_sequences
 
     generated = {"kind": "generated", "prompts": 3, "samples": 2}
     files = {"kind": "files", "files": 1}
@@ -434,7 +434,7 @@ def test_the_answers_to_one_prompt_are_one_group():
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tmp_path, kind):
-    from specmlx.heads.objectives import Windows
+    from specmlx.training.objectives import Windows
 
     data = open_shards(data_dir, whole=True)
     # 6 answers: with holdout 2, answers 1, 3 and 5 are held out.
@@ -467,7 +467,7 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
 
 
 def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_dir, tmp_path):
-    from specmlx.heads.objectives import with_noise
+    from specmlx.training.objectives import with_noise
 
     batch = (mx.zeros((2, 8, 4)), mx.ones((2, 8)))
     assert with_noise(batch, 0.0, 0, 3) is batch
@@ -487,7 +487,7 @@ def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_
 
 
 def test_prompt_positions_are_read_but_never_scored(models, data_dir):
-    from specmlx.heads.objectives import Windows, eagle_batch, medusa_batch, t2d_table
+    from specmlx.training.objectives import Windows, eagle_batch, medusa_batch, t2d_table
 
     data = open_shards(data_dir, whole=True)
     t2d = t2d_table(None, models.vocab_size)

@@ -10,10 +10,10 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from specmlx import tree as tree_module
-from specmlx.cache import Sequence, make_cache
+from specmlx.engine import tree as tree_module
+from specmlx.engine.cache import Sequence, make_cache
+from specmlx.engine.tree import PositionedRoPE, Tree, TreeBuilder, tree_call
 from specmlx.errors import SpecmlxError
-from specmlx.tree import PositionedRoPE, Tree, TreeBuilder, tree_call
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 2
 PATHS = [[5, 6, 7], [5, 9], [8], [8, 10, 11, 12]]

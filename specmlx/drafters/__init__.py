@@ -1,5 +1,7 @@
-"""Drafting strategies. Each proposes tokens for the one verify loop in `specmlx.decode`."""
+"""The drafters floor: one file per drafting strategy, each a `specmlx.engine.draft.Drafter`.
 
-from specmlx.drafters.base import Draft, Drafter, Verdict
-
-__all__ = ["Draft", "Drafter", "Verdict"]
+`draft_model` (a small model of the same tokenizer), `ngram` (prompt lookup), `lookahead`
+(Jacobi iteration), `medusa` and `eagle` (trees from the heads in `specmlx.heads`). A
+drafter imports the engine and the heads only; the methods table (`specmlx.api.methods`)
+builds it. Adding one is a file here plus an entry in that table (docs/how-it-works.md).
+"""

@@ -11,9 +11,9 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from specmlx.cache import Sequence
-from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
-from specmlx.sampling import SamplingConfig, sample
+from specmlx.engine.cache import Sequence
+from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.sampling import SamplingConfig, sample
 
 
 class DraftModelDrafter:

@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
-from specmlx.cache import PREFILL_STEP, common_prefix
-from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.cache import PREFILL_STEP, common_prefix
+from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.features import FeatureSpec
+from specmlx.engine.tree import TreeBuilder
 from specmlx.errors import UsageError
-from specmlx.features import FeatureSpec
 from specmlx.heads.base import HeadsConfig
-from specmlx.tree import TreeBuilder
 
 if TYPE_CHECKING:
-    from specmlx.cache import Sequence as TargetSequence
+    from specmlx.engine.cache import Sequence as TargetSequence
 
 
 class FeatureHead(Protocol):

@@ -6,7 +6,7 @@ level is the next guess for that column (one Jacobi iteration), and each column'
 plus that prediction form an N-gram, pooled under its first token. Up to G pooled
 (N-1)-grams that start after the last token are the candidates to verify.
 
-Both branches go to the target in ONE call as a token tree (`specmlx.tree`): the lookahead
+Both branches go to the target in ONE call as a token tree (`specmlx.engine.tree`): the lookahead
 columns are paths of the tree, the candidates are paths too, and the tree mask keeps them
 apart. Any path the target agrees with is accepted, a lookahead column included.
 """
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
-from specmlx.tree import TreeBuilder
+from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.tree import TreeBuilder
 
 if TYPE_CHECKING:
-    from specmlx.cache import Sequence
+    from specmlx.engine.cache import Sequence
 
 
 class LookaheadDrafter:

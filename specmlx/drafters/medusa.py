@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.drafters.eagle import best_tree_size
+from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.features import FeatureSpec
+from specmlx.engine.tree import Tree, TreeBuilder
 from specmlx.errors import UsageError
-from specmlx.features import FeatureSpec
 from specmlx.heads.medusa import MedusaHeads
-from specmlx.tree import Tree, TreeBuilder
 
 if TYPE_CHECKING:
-    from specmlx.cache import Sequence
+    from specmlx.engine.cache import Sequence
 
 
 class MedusaDrafter:

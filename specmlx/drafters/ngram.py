@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.drafters.base import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
 
 if TYPE_CHECKING:
-    from specmlx.cache import Sequence
+    from specmlx.engine.cache import Sequence
 
 
 class NgramIndex:

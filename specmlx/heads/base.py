@@ -25,8 +25,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from specmlx.engine.features import backbone
 from specmlx.errors import SpecmlxError
-from specmlx.features import backbone
 
 KINDS = ("medusa", "eagle", "eagle3")
 

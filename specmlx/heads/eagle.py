@@ -24,11 +24,11 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.utils import _get_classes
 
-from specmlx.cache import SpecKVCache
+from specmlx.engine.cache import SpecKVCache
+from specmlx.engine.features import FeatureSpec, backbone
+from specmlx.engine.tree import rotated_at
 from specmlx.errors import SpecmlxError
-from specmlx.features import FeatureSpec, backbone
 from specmlx.heads.base import HeadsConfig, TargetOutput, check_fits, output_rows
-from specmlx.tree import rotated_at
 
 
 def decoder_layer(target_args: dict) -> nn.Module:

@@ -23,11 +23,11 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
-from specmlx.cache import SpecKVCache
+from specmlx.engine.cache import SpecKVCache
+from specmlx.engine.features import FeatureSpec, backbone
+from specmlx.engine.tree import rotated_at
 from specmlx.errors import SpecmlxError
-from specmlx.features import FeatureSpec, backbone
 from specmlx.heads.base import HeadsConfig, check_fits, output_rows
-from specmlx.tree import rotated_at
 
 # The draft layer's config keys the llama block reads (from the checkpoint's config.json).
 _LLAMA_KEYS = (

@@ -49,8 +49,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from specmlx.engine.features import backbone
 from specmlx.errors import SpecmlxError
-from specmlx.features import backbone
 from specmlx.heads.base import Heads, HeadsConfig, TargetOutput, check_weights, target_vocab
 from specmlx.heads.store import CONFIG_FILE
 

@@ -124,7 +124,7 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
 
 def _resolve(ref: str) -> Path:
     """A local folder for `ref`: itself, or the Hub snapshot of repo `ref` (cache first)."""
-    from specmlx.resolve import _HUB_REPO, _looks_like_path
+    from specmlx.io.resolve import _HUB_REPO, _looks_like_path
 
     path = Path(ref).expanduser()
     if path.is_dir():
@@ -144,7 +144,7 @@ def _from_hub(repo: str) -> Path:
         raise SpecmlxError(
             f"fetching heads {repo} needs huggingface_hub (pip install huggingface_hub)"
         ) from None
-    from specmlx.resolve import _unreachable_errors
+    from specmlx.io.resolve import _unreachable_errors
 
     try:
         return Path(

@@ -24,9 +24,10 @@ from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from specmlx.api import GenerationConfig, encode_prompt
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import encode_prompt
+from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
-from specmlx.sampling import SamplingConfig
 from specmlx.server import protocol
 from specmlx.server.engine import Done, Engine, Failed, Job, QueueFull, Record, Text
 from specmlx.server.protocol import (

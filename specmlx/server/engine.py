@@ -19,20 +19,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from specmlx.api import (
-    GenerationConfig,
-    Models,
-    make_drafter,
-    make_policy,
-    method_of,
-    stream_ids,
-)
-from specmlx.cache import Sequence
-from specmlx.drafters.base import Drafter
-from specmlx.policy import Policy
-from specmlx.sampling import SamplingConfig
+from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.generate import make_drafter, make_policy, method_of, stream_ids
+from specmlx.engine.cache import Sequence
+from specmlx.engine.draft import Drafter
+from specmlx.engine.policy import Policy
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.stats import Stats
 from specmlx.server.stops import StopText
-from specmlx.stats import Stats
 
 logger = logging.getLogger("specmlx.server")
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specmlx.stats import Stats
+from specmlx.engine.stats import Stats
 
 
 class APIError(Exception):

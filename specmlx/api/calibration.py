@@ -1,0 +1,103 @@
+"""Calibration: the measured call costs of a (device, target, drafter, dtype), cached on disk.
+
+The first use of a combination measures, in a few seconds, one draft call and target calls of
+1..16 tokens (`specmlx.engine.costs.measure_costs`) and writes them to the user cache folder; later
+uses read them back. The key covers everything that changes the costs: the device and its
+BLAS, mlx's version, the target's and the draft model's weights (folder, file sizes and
+times) and their dtypes. Anything different is a new key, so it is measured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from specmlx.engine.costs import CostProfile, measure_costs
+
+CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
+# Bumped whenever `measure_costs` measures differently, so old figures are measured again.
+MEASUREMENT = 3
+
+
+def _model_key(model: nn.Module | None, path: Path | None) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    dtypes = sorted({str(v.dtype) for _, v in tree_flatten(model.parameters())})
+    files = []
+    if path is not None:
+        for f in sorted(Path(path).glob("*.safetensors")):
+            stat = f.stat()
+            files.append([f.name, stat.st_size, int(stat.st_mtime)])
+    return {"path": str(path), "files": files, "dtypes": dtypes}
+
+
+def calibration_key(models: Any, with_draft: bool) -> dict[str, Any]:
+    """Everything the costs depend on, as plain data."""
+    from specmlx.engine import device as envinfo
+
+    return {
+        "measurement": MEASUREMENT,
+        "mlx": mx.__version__,
+        "device": str(mx.default_device()),
+        "backend": envinfo.backend(),
+        "cpu": platform.processor() or platform.machine(),
+        "blas": envinfo.blas_in_use() if envinfo.backend() == "cpu" else None,
+        "target": _model_key(models.target, models.target_path),
+        "draft": _model_key(models.draft, models.draft_path) if with_draft else None,
+    }
+
+
+def cache_file(key: dict[str, Any]) -> Path:
+    from specmlx.io.registry import user_cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return user_cache_dir() / "calibration" / f"{digest}.json"
+
+
+def load_or_measure(
+    models: Any, with_draft: bool, *, force: bool = False
+) -> tuple[CostProfile, bool]:
+    """The cached profile for this combination, or a fresh measurement; and whether fresh."""
+    key = calibration_key(models, with_draft)
+    path = cache_file(key)
+    if not force and path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if data["key"] == key:
+                return _profile(data["profile"]), False
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable: measure again
+    profile = measure_costs(
+        models.target, models.draft if with_draft else None, CALIBRATION_KS, reps=3
+    )
+    _write_atomically(path, {"key": key, "profile": profile.as_dict()})
+    return profile, True
+
+
+def _profile(data: dict[str, Any]) -> CostProfile:
+    return CostProfile(
+        target_call_seconds=data["target_call_seconds"],
+        draft_call_seconds=data["draft_call_seconds"],
+        v={int(k): r for k, r in data["v"].items()},
+    )
+
+
+def _write_atomically(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

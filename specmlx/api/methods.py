@@ -1,0 +1,230 @@
+"""The drafting methods, stated once: name, help, options, and how to build the drafter.
+
+Everything that lists or checks methods reads `METHODS`: drafter construction, the CLI's
+help text, the bench's rows, the "needs a draft model" check. Each method has a frozen
+options type with typed defaults (`NgramOptions`, `LookaheadOptions`, ...); a generation's
+`GenerationConfig.options` holds the options of the method it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from specmlx.errors import UsageError
+
+if TYPE_CHECKING:
+    from specmlx.api.config import Models
+    from specmlx.engine.draft import Drafter
+    from specmlx.engine.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A method without settings of its own."""
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """The draft model. `p_min`: end a draft after a token the draft model gives less
+    probability than this (llama.cpp's `--draft-p-min`); None lets `-k auto` decide from
+    the costs, and drafts all k at a fixed k."""
+
+    p_min: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.p_min is not None and not 0 <= self.p_min <= 1:
+            raise UsageError(f"p-min must be between 0 and 1, got {self.p_min}")
+
+
+@dataclass(frozen=True)
+class NgramOptions:
+    """Prompt lookup: the context suffixes looked up, `min_n` to `max_n` tokens long."""
+
+    min_n: int = 1
+    max_n: int = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_n <= self.max_n:
+            raise UsageError(f"need 1 <= ngram-min <= ngram-max, got {self.min_n} and {self.max_n}")
+
+
+@dataclass(frozen=True)
+class LookaheadOptions:
+    """Lookahead decoding: Jacobi window W, n-gram size N, candidates G per step."""
+
+    window: int = 5
+    ngram: int = 4
+    guesses: int = 5
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.ngram < 2 or self.guesses < 0:
+            raise UsageError("lookahead needs window >= 1, ngram-size >= 2 and guesses >= 0")
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """Medusa heads (`--heads`): trees of the most probable paths through each head's top
+    `width` tokens; `tree_size` None keeps as many as pay for their verification (from the
+    calibrated v(n)), a number keeps that many (root included)."""
+
+    tree_size: int | None = None
+    width: int = 8
+
+    def __post_init__(self) -> None:
+        if (self.tree_size is not None and self.tree_size < 2) or self.width < 1:
+            raise UsageError("medusa needs tree-size >= 2 and width >= 1")
+
+
+@dataclass(frozen=True)
+class EagleOptions:
+    """EAGLE heads (`--heads`): a dynamic tree grown `width` nodes wide for up to `depth`
+    levels; `tree_size` None keeps as many nodes as pay for their verification (from the
+    calibrated v(n)), a number keeps that many (root included)."""
+
+    tree_size: int | None = None
+    depth: int = 6
+    width: int = 8
+
+    def __post_init__(self) -> None:
+        if (self.tree_size is not None and self.tree_size < 2) or self.depth < 1 or self.width < 1:
+            raise UsageError("eagle needs tree-size >= 2, depth >= 1 and width >= 1")
+
+
+# The most nodes a cost-sized tree of heads may keep (root included).
+MAX_TREE = 64
+
+MethodOptions = (
+    NoOptions | DraftOptions | NgramOptions | LookaheadOptions | MedusaOptions | EagleOptions
+)
+Builder = Callable[["Models", Any, "SamplingConfig"], "Drafter | None"]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    help: str
+    options: type  # its options dataclass
+    needs_draft_model: bool
+    build: Builder
+    needs_heads: bool = False
+    drafts_trees: bool = False  # verifies token trees (not chains)
+
+    def settings(self, options: Any) -> dict[str, Any]:
+        """The options as plain data, for reports."""
+        return {f.name: getattr(options, f.name) for f in fields(options)}
+
+
+def _none(models: Models, options: NoOptions, sampling: SamplingConfig) -> None:
+    return None
+
+
+def _draft(models: Models, options: DraftOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.draft_model import DraftModelDrafter
+
+    if models.draft is None:
+        raise UsageError("--method draft needs a draft model (--draft)")
+    return DraftModelDrafter(models.draft, sampling, models.vocab_size)
+
+
+def _ngram(models: Models, options: NgramOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.ngram import NgramDrafter
+
+    return NgramDrafter(options.min_n, options.max_n)
+
+
+def _lookahead(models: Models, options: LookaheadOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.lookahead import LookaheadDrafter
+
+    return LookaheadDrafter(options.window, options.ngram, options.guesses)
+
+
+def _heads(models: Models, name: str) -> Any:
+    if name not in models.heads:
+        held = ", ".join(models.heads) or "none"
+        raise UsageError(f"--method {name} needs {name} heads (--heads DIR); loaded: {held}")
+    return models.heads[name]
+
+
+def _medusa(models: Models, options: MedusaOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.medusa import MedusaDrafter
+
+    heads = _heads(models, "medusa")
+    if options.tree_size is not None:
+        return MedusaDrafter(heads, options.tree_size, options.width)
+    return MedusaDrafter(heads, MAX_TREE, options.width, verify_cost=_verify_cost(models))
+
+
+def _eagle(models: Models, options: EagleOptions, sampling: SamplingConfig) -> Drafter:
+    from specmlx.drafters.eagle import EagleDrafter
+
+    head = _heads(models, "eagle")
+    if options.tree_size is not None:
+        return EagleDrafter(head, options.tree_size, options.depth, options.width)
+    return EagleDrafter(
+        head, MAX_TREE, options.depth, options.width, verify_cost=_verify_cost(models)
+    )
+
+
+def _verify_cost(models: Models) -> Callable[[int], float]:
+    """The target's calibrated cost of an n-token call over a one-token call, by which heads
+    size their trees per step (no draft model to time)."""
+    from specmlx.api.calibration import load_or_measure
+
+    return load_or_measure(models, with_draft=False)[0].verify_cost
+
+
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("none", "plain decoding, the baseline", NoOptions, False, _none),
+        Method("draft", "a small draft model of the same tokenizer", DraftOptions, True, _draft),
+        Method("ngram", "prompt lookup, no draft model", NgramOptions, False, _ngram),
+        Method(
+            "lookahead",
+            "Lookahead decoding, no draft model",
+            LookaheadOptions,
+            False,
+            _lookahead,
+            drafts_trees=True,
+        ),
+        Method(
+            "medusa",
+            "Medusa heads (--heads), token trees",
+            MedusaOptions,
+            False,
+            _medusa,
+            needs_heads=True,
+            drafts_trees=True,
+        ),
+        Method(
+            "eagle",
+            "EAGLE heads (--heads), dynamic token trees",
+            EagleOptions,
+            False,
+            _eagle,
+            needs_heads=True,
+            drafts_trees=True,
+        ),
+    )
+}
+
+
+def method(name: str) -> Method:
+    """The method called `name`, or a one-line error listing the known ones."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise UsageError(f"unknown method {name!r}; choose from {', '.join(METHODS)}") from None
+
+
+def owner_of(options: MethodOptions | type) -> Method:
+    """The method whose options these are (an options object, or its type)."""
+    kind = options if isinstance(options, type) else type(options)
+    return next(m for m in METHODS.values() if m.options is kind)
+
+
+def methods_help() -> str:
+    """One line for the CLI: every method and what it is."""
+    return "; ".join(f"{m.name}: {m.help}" for m in METHODS.values())

@@ -1,0 +1,377 @@
+"""The side-by-side benchmark: the target alone, each method and k, and mlx-lm's own.
+
+Everything runs in one process and interleaved per prompt: for each prompt and repeat, every
+row generates in turn from the same seed, so drift of a shared machine hits all rows alike.
+A row is a `RowSpec`, a (method, k) pair: `none` is the target alone, any method of
+`specmlx.api.methods.METHODS` drafts with it, `mlx-lm k=N` is mlx-lm's speculative decoding on
+the same pair and sampler (the reference competitor), and `mlx-lm plain` (k = 0) is
+mlx-lm's own generation on the target alone. `none` and `mlx-lm plain` are the two plain
+baselines; the report measures speedups against each (see `specmlx.bench.summary`).
+
+Every row is timed the same way, by this module's clock: time to first token runs from the
+call to the first target step's output (prefill included), and decode tokens/s counts the
+tokens after the first step over the time after it, so neither prefill nor the first step's
+drafting skews the steady-state rate. `plan` checks the bench command's options and makes
+its `BenchConfig`, before any model loads; `run` yields one `Measurement` per generation, holding
+the run's final `Stats` (for mlx-lm's rows, built from what mlx-lm reports);
+`specmlx.bench.summary` turns them into the report, `specmlx.bench.report` renders it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.generate import encode_prompt, make_drafter, make_policy, stream_ids
+from specmlx.api.methods import METHODS, MethodOptions
+from specmlx.bench.suites import Suite, load_prompts_file, load_suite, suite_names
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import Step
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.stats import Stats
+from specmlx.errors import UsageError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from specmlx.cli.options import SharedOptions
+
+MLX_LM = "mlx-lm"
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One configuration to measure, and the key every report joins its rows on.
+    `sampling` overrides the run's sampler (a test hook)."""
+
+    method: str  # a method of specmlx.api.methods, or "mlx-lm" (k = 0: without a draft model)
+    k: int | None = 0  # None: adaptive, chosen per step (`-k auto`)
+    sampling: SamplingConfig | None = None
+
+    @property
+    def name(self) -> str:
+        """For display only: two rows may share a name, never a key."""
+        k = "auto" if self.k is None else self.k
+        if self.method == "none":
+            name = "none"
+        elif self.method == MLX_LM and self.k == 0:
+            name = f"{MLX_LM} plain"
+        else:
+            name = f"{self.method} k={k}"
+        if self.sampling is not None:
+            name += f" (T={self.sampling.temperature:g})"
+        return name
+
+    @property
+    def is_plain(self) -> bool:
+        """A baseline: the target alone, through our loop or through mlx-lm."""
+        return self.method == "none" or (self.method == MLX_LM and self.k == 0)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        if self.method == MLX_LM:
+            return self.k != 0
+        return METHODS[self.method].needs_draft_model
+
+    def __str__(self) -> str:
+        return self.name
+
+
+NONE = RowSpec("none")
+MLX_LM_PLAIN = RowSpec(MLX_LM, 0)
+
+
+def make_rows(
+    methods: list[str],
+    ks: list[int | None],
+    mlx_lm: bool = True,
+    mlx_lm_ks: list[int] | None = None,
+) -> tuple[RowSpec, ...]:
+    """`none`, then (with `mlx_lm`) mlx-lm plain, then every (method, k), then, when a
+    method uses the draft model, mlx-lm's speculative decoding at each k of `mlx_lm_ks`, or
+    at each fixed k when that is None.
+
+    A k of None is adaptive (`-k auto`); mlx-lm has no such mode.
+    """
+    known = [m for m in METHODS if m != "none"]
+    for method in methods:
+        if method not in known:
+            raise UsageError(f"unknown method {method!r}; choose from {', '.join(known)}")
+    for k in [*ks, *(mlx_lm_ks or [])]:
+        if k is not None and not 1 <= k <= 64:
+            raise UsageError(f"k must be between 1 and 64, got {k}")
+    rows = [NONE, *([MLX_LM_PLAIN] if mlx_lm else [])]
+    rows += [RowSpec(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(ks)]
+    if mlx_lm and any(METHODS[m].needs_draft_model for m in methods):
+        reference = ks if mlx_lm_ks is None else mlx_lm_ks
+        rows += [RowSpec(MLX_LM, k) for k in dict.fromkeys(reference) if k is not None]
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    suites: tuple[Suite, ...]
+    rows: tuple[RowSpec, ...]
+    temperatures: tuple[float, ...] = (0.0,)
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 64
+    repeats: int = 1
+    warmup: int = 1
+    seed: int = 0
+    chat_template: bool = True
+    # The options of methods run with other than their defaults (`specmlx.api.methods`).
+    options: tuple[MethodOptions, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.warmup < 0 or self.max_tokens < 2:
+            raise UsageError("repeats >= 1, warmup >= 0 and max-tokens >= 2, please")
+        if not self.rows or self.rows[0] != NONE:
+            raise UsageError("the first row must be the target alone (none)")
+        if len(set(self.rows)) != len(self.rows):
+            raise UsageError("each row may be benched once")
+
+    def sampling(self, temperature: float) -> SamplingConfig:
+        return SamplingConfig(temperature, self.top_p, self.top_k)
+
+    def options_of(self, row: RowSpec) -> MethodOptions | None:
+        """The options a row's method runs with; None: its defaults."""
+        if row.method not in METHODS:
+            return None
+        kind = METHODS[row.method].options
+        return next((o for o in self.options if isinstance(o, kind)), None)
+
+    @property
+    def total_runs(self) -> int:
+        prompts = sum(len(s.prompts) for s in self.suites)
+        runs = len(self.temperatures) * prompts * self.repeats
+        return (runs + self.warmup) * len(self.rows)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Whether a row drafts with the draft model (mlx-lm's speculative rows come only
+        with a method's that does, so the methods benched decide)."""
+        return any(row.needs_draft_model for row in self.rows)
+
+
+def plan(
+    opts: SharedOptions,
+    *,
+    suites: list[str] | None = None,
+    prompts: Path | None = None,
+    limit: int | None = None,
+    methods: list[str] | None = None,
+    ks: list[str] | None = None,
+    mlx_lm: bool = True,
+    mlx_lm_ks: list[int] | None = None,
+    temperatures: list[float] | None = None,
+    repeats: int = 1,
+    warmup: int = 1,
+    seed: int = 0,
+    chat_template: bool = True,
+    plot: Path | None = None,
+    outputs: tuple[Path | None, ...] = (),
+) -> BenchConfig:
+    """The bench command's options as a `BenchConfig`: everything that can be wrong with
+    them fails here, a one-line `UsageError`, before any model loads. None is an option not
+    given: every shipped suite (unless `prompts`), the methods that use a draft model, k = 4,
+    T = 0. `outputs` are the files to write, `plot` among them; None is one not asked for."""
+    # Here, not above: the report imports this module, the options' parser is the CLI's.
+    from specmlx.bench.run import report as bench_report
+    from specmlx.cli.options import parse_ks
+
+    chosen = [load_prompts_file(prompts, limit)] if prompts is not None else []
+    if suites or prompts is None:
+        chosen += [load_suite(name, limit) for name in suite_names(suites or ["all"])]
+    methods = methods or [m.name for m in METHODS.values() if m.needs_draft_model]
+    rows = make_rows(methods, parse_ks(ks or ["4"]), mlx_lm, mlx_lm_ks)
+    if plot is not None:
+        bench_report.require_matplotlib()
+    for path in outputs:
+        if path is not None:
+            bench_report.check_writable(path)
+    used = [METHODS[m] for m in dict.fromkeys(methods)]
+    config = BenchConfig(
+        suites=tuple(chosen),
+        rows=rows,
+        temperatures=tuple(dict.fromkeys(temperatures or [0.0])),
+        top_p=opts.top_p,
+        top_k=opts.top_k,
+        max_tokens=opts.max_tokens,
+        repeats=repeats,
+        warmup=warmup,
+        seed=seed,
+        chat_template=chat_template,
+        options=opts.method_flags.options_among(used),
+    )
+    for temperature in config.temperatures:
+        config.sampling(temperature)  # validates the sampler settings
+    opts.models.check(used)
+    return config
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One row's generation for one prompt and repeat.
+
+    `stats` is the run's final `Stats`: ours as the loop reported them; for mlx-lm's rows,
+    its tokens, target calls (one per step) and, as `accepted`, the tokens that came from
+    the draft (it reports no drafted count: 0). The times here are this module's clock.
+    """
+
+    row: RowSpec
+    token_ids: tuple[int, ...]
+    stats: Stats
+    temperature: float = 0.0
+    suite: str = "warmup"
+    prompt_id: str = ""
+    repeat: int = -1  # -1 for warm-up runs
+    time_to_first_token: float = 0.0
+    decode_tokens: int = 0  # tokens after the first step
+    decode_seconds: float = 0.0  # time after the first step
+    seconds: float = 0.0  # whole call, prefill included
+    decode_steps: tuple[Step, ...] = ()  # every step after the first; mlx-lm reports none
+
+    @property
+    def tokens_per_sec(self) -> float:
+        if self.decode_seconds > 0 and self.decode_tokens > 0:
+            return self.decode_tokens / self.decode_seconds
+        return len(self.token_ids) / self.seconds if self.seconds else 0.0
+
+
+def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
+    """Warm up every row, then measure every row on every prompt, repeat and temperature."""
+    first = config.suites[0].prompts[0]
+    first_ids = encode_prompt(models, first.text, config.chat_template)
+    for i in range(config.warmup):
+        for row in config.rows:
+            mx.random.seed(config.seed + i)
+            sampling = row.sampling or config.sampling(config.temperatures[0])
+            options = config.options_of(row)
+            result = run_row(models, row, first_ids, min(8, config.max_tokens), sampling, options)
+            yield replace(result, temperature=config.temperatures[0], prompt_id=first.id)
+    for temperature in config.temperatures:
+        for suite in config.suites:
+            for index, prompt in enumerate(suite.prompts):
+                prompt_ids = encode_prompt(models, prompt.text, config.chat_template)
+                for repeat in range(config.repeats):
+                    seed = config.seed + 1000 * index + repeat
+                    for row in config.rows:
+                        mx.random.seed(seed)  # every row draws from the same stream
+                        sampling = row.sampling or config.sampling(temperature)
+                        options = config.options_of(row)
+                        result = run_row(
+                            models, row, prompt_ids, config.max_tokens, sampling, options
+                        )
+                        yield replace(
+                            result,
+                            temperature=temperature,
+                            suite=suite.name,
+                            prompt_id=prompt.id,
+                            repeat=repeat,
+                        )
+
+
+def run_row(
+    models: Models,
+    row: RowSpec,
+    prompt_ids: list[int],
+    max_tokens: int,
+    sampling: SamplingConfig,
+    options: MethodOptions | None = None,
+) -> Measurement:
+    """One generation of one row, from fresh caches, not yet tagged with where it ran.
+    (Adaptive k starts from the costs earlier rows measured, as a script's calls do.)"""
+    mx.clear_cache()
+    if row.method == MLX_LM:
+        return _run_mlx_lm(models, row, prompt_ids, max_tokens, sampling)
+    k = None if row.k is None else max(row.k, 1)
+    config = GenerationConfig(
+        method=row.method, options=options, k=k, max_tokens=max_tokens, sampling=sampling
+    )
+    drafter = make_drafter(models, config)
+    policy = make_policy(models, config, drafter)  # calibrates on first use, before the clock
+    tokens: list[int] = []
+    steps: list[Step] = []
+    first_tokens, first_time, stats = 0, 0.0, None
+    start = time.perf_counter()
+    for event in stream_ids(models, Sequence(models.target), drafter, prompt_ids, config, policy):
+        tokens.extend(event.token_ids)
+        stats = event.stats
+        if not first_time:
+            first_time, first_tokens = time.perf_counter(), len(tokens)
+        else:
+            steps.append(event.step)
+    end = time.perf_counter()
+    assert stats is not None
+    return Measurement(
+        row=row,
+        token_ids=tuple(tokens),
+        stats=stats,
+        time_to_first_token=first_time - start,
+        decode_tokens=len(tokens) - first_tokens,
+        decode_seconds=end - first_time,
+        seconds=end - start,
+        decode_steps=tuple(steps),
+    )
+
+
+def _run_mlx_lm(
+    models: Models, row: RowSpec, prompt_ids: list[int], max_tokens: int, sampling: SamplingConfig
+) -> Measurement:
+    """mlx-lm's `stream_generate` on the same prompt ids and sampler: speculative with the
+    draft model at k > 0, the target alone at k = 0."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    speculative = {"draft_model": models.draft, "num_draft_tokens": row.k} if row.k else {}
+    mx.reset_peak_memory()
+    tokens: list[int] = []
+    from_draft: list[bool] = []
+    first_step: tuple[float, int] | None = None
+    peak, start = 0.0, time.perf_counter()
+    first_time = 0.0
+    for response in stream_generate(
+        models.target,
+        models.tokenizer,
+        mx.array(prompt_ids, mx.uint32),
+        max_tokens=max_tokens,
+        sampler=sampler,
+        **speculative,
+    ):
+        now = time.perf_counter()
+        first_time = first_time or now
+        tokens.append(int(response.token))
+        from_draft.append(bool(response.from_draft))
+        peak = response.peak_memory
+        # A step ends with the target's own token: the first one closes the first step.
+        if first_step is None and not response.from_draft:
+            first_step = (now, len(tokens))
+    end = time.perf_counter()
+    # A step cut short by max_tokens or a stop token ends on a draft token, and still cost a call.
+    target_calls = from_draft.count(False) + (1 if from_draft and from_draft[-1] else 0)
+    step_time, step_tokens = first_step or (end, len(tokens))
+    stats = Stats(
+        prompt_tokens=len(prompt_ids),
+        tokens=len(tokens),
+        target_calls=target_calls,
+        accepted=from_draft.count(True),
+        time_to_first_token=first_time - start,
+        decode_seconds=end - step_time,
+        peak_memory_gb=peak,
+    )
+    return Measurement(
+        row=row,
+        token_ids=tuple(tokens),
+        stats=stats,
+        time_to_first_token=first_time - start,
+        decode_tokens=len(tokens) - step_tokens,
+        decode_seconds=end - step_time,
+        seconds=end - start,
+    )

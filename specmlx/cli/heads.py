@@ -1,0 +1,266 @@
+"""The `specmlx train-heads` command (data, cached target features, then training) and
+`specmlx draft-vocab` (what a reduced draft vocabulary saves and gives up).
+
+Three resumable stages, each skipped when its output is already there: the target's own
+answers to a prompt set (self-distillation) and/or the files the user names, their features
+computed once by the target and cached in shards (`DATA/`), then the heads trained on the
+shards into OUT (a checkpoint there is resumed; Ctrl-C checkpoints and stops). Only typer is
+imported here: MLX loads when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specmlx.errors import UsageError
+
+KINDS = ("medusa", "eagle")
+# What heads trained before a setting existed were trained with.
+LEGACY_SETTINGS = {"holdout": 0, "feature_noise": 0.0, "answers_only": False}
+
+
+def train_heads(
+    out: Annotated[Path, typer.Option(help="Folder to write the heads to.")],
+    target: Annotated[
+        str | None,
+        typer.Option(
+            help="The target: folder, .gguf, alias or Hugging Face id. Default: the pair's."
+        ),
+    ] = None,
+    kind: Annotated[str, typer.Option(help="medusa or eagle.")] = "medusa",
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Where the target's features are cached. Default: OUT.data beside OUT."),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help='A file of prompts, one per line (.txt) or {"prompt": ...} (.jsonl), '
+            "for the target to answer. Default: the shipped set (no bench prompt in it)."
+        ),
+    ] = None,
+    self_distill: Annotated[
+        bool, typer.Option(help="Train on the target's own answers to the prompts.")
+    ] = True,
+    limit: Annotated[int | None, typer.Option(help="Answer only the first N prompts.")] = None,
+    answer_tokens: Annotated[int, typer.Option(help="Most tokens per answer.")] = 256,
+    batch_size: Annotated[int, typer.Option(help="Prompts answered at once.")] = 8,
+    samples: Annotated[
+        int,
+        typer.Option(
+            help="Answers per prompt: the greedy one, then ones sampled at --temperature."
+        ),
+    ] = 1,
+    temperature: Annotated[
+        float, typer.Option(help="Temperature of the sampled answers (--samples above 1).")
+    ] = 0.8,
+    files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--files", help="Text or code files (or folders) to train on too; repeatable."
+        ),
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps. Default: one epoch.")] = None,
+    epochs: Annotated[float, typer.Option(help="Epochs, when --steps is not given.")] = 1.0,
+    seq_len: Annotated[int, typer.Option(help="Positions per training window.")] = 256,
+    batch_tokens: Annotated[int, typer.Option(help="Positions per step.")] = 1024,
+    lr: Annotated[
+        float | None, typer.Option(help="Peak learning rate. Default: 1e-3 medusa, 3e-4 eagle.")
+    ] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up steps before the cosine decay.")] = 20,
+    draft_vocab: Annotated[
+        int, typer.Option(help="Heads score the N most frequent tokens of the data; 0: all.")
+    ] = 4096,
+    num_heads: Annotated[int, typer.Option(help="medusa: number of heads.")] = 4,
+    feature_noise: Annotated[
+        float,
+        typer.Option(help="eagle only: uniform noise of this amplitude on its input features."),
+    ] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed of the heads' weights and the data order.")] = 0,
+    answers_only: Annotated[
+        bool,
+        typer.Option(help="Leave prompt positions out of the loss (read as context only)."),
+    ] = False,
+    holdout: Annotated[
+        int,
+        typer.Option(
+            help="Keep every Nth prompt's answers (or piece of file) out of training "
+            "and report the heads' accuracy on them; 0: train on all."
+        ),
+    ] = 20,
+    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
+) -> None:
+    """Train Medusa or EAGLE heads for a target on its own answers (and your files).
+
+    Resumable: rerun the same command after Ctrl-C and it goes on where it stopped.
+    """
+    if kind not in KINDS:
+        raise UsageError(f"kind must be medusa or eagle, got {kind!r}")
+    if not self_distill and not files:
+        raise UsageError("nothing to train on: give --files, or keep --self-distill")
+    for path in files or []:
+        if not path.exists():
+            raise UsageError(f"no such file or folder: {path}")
+    if samples < 1 or not 0 < temperature < float("inf"):
+        raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
+    if prompts is not None and not prompts.is_file():
+        raise UsageError(f"no such prompts file: {prompts}")
+    from specmlx.training.train import TrainConfig
+
+    config = TrainConfig(
+        kind=kind,
+        steps=steps,
+        epochs=epochs,
+        seq_len=seq_len,
+        batch_tokens=batch_tokens,
+        lr=lr,
+        warmup=warmup,
+        seed=seed,
+        draft_vocab=draft_vocab or None,
+        num_heads=num_heads,
+        checkpoint_every=checkpoint_every,
+        holdout=holdout,
+        feature_noise=feature_noise,
+        answers_only=answers_only,
+    )
+    from rich.console import Console
+
+    from specmlx.api.load import load
+    from specmlx.engine.features import FeatureSpec
+    from specmlx.training.checkpoint import check_out_dir, has_checkpoint
+    from specmlx.training.data import cache_features, file_corpus, generate_corpus
+    from specmlx.training.train import settings_record
+    from specmlx.training.train import train_heads as run_training
+
+    err = Console(stderr=True, highlight=False)
+    # What can be wrong with OUT is said before hours of generating and caching.
+    check_out_dir(out)
+    finished = _finished(out)
+    if finished is not None and not has_checkpoint(out):
+        wanted, defaults = settings_record(config), settings_record(TrainConfig())
+        # A setting newer than the heads counts as what they were trained with: the behaviour
+        # before it existed (no held-out prompts), else its default.
+        defaults |= LEGACY_SETTINGS
+        if any(finished.get(key, defaults.get(key)) != value for key, value in wanted.items()):
+            raise UsageError(
+                f"{out} holds heads trained with other settings; delete it or choose another --out"
+            )
+        err.print(f"{out} already holds these heads: nothing to do", soft_wrap=True)
+        return
+    with err.status("loading the target…"):
+        models = load(target, default_draft=False)
+    if kind == "eagle":
+        from specmlx.heads.eagle import decoder_layer
+        from specmlx.training.train import target_args
+
+        decoder_layer(target_args(models))  # a family EAGLE can copy a layer of, or one line
+    corpus, texts = None, None
+    if self_distill:
+        texts = _read_prompts(prompts) if prompts is not None else None
+        if texts is not None and limit is not None:
+            texts = texts[:limit]
+        elif limit is not None:
+            from specmlx.training.data import train_prompts
+
+            texts = train_prompts()[:limit]
+        corpus = generate_corpus(
+            models,
+            texts,
+            answer_tokens,
+            seed=seed,
+            batch_size=batch_size,
+            samples=samples,
+            temperature=temperature,
+        )
+    if files:
+        extra = file_corpus(files, models.tokenizer, seq_len=max(seq_len, 512))
+        corpus = extra if corpus is None else corpus + extra
+    assert corpus is not None
+    data_dir = data or out.with_name(out.name + ".data")
+    cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
+    report = run_training(models, config, data_dir, out, resume=True, prompts=texts)
+    accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
+    heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none"
+    err.print(
+        f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
+        f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"
+        + f" (held out: {heldout})",
+        soft_wrap=True,
+    )
+
+
+def _finished(out: Path) -> dict | None:
+    """The training settings of the finished heads in `out`, if it holds some."""
+    import json
+
+    try:
+        return json.loads((out / "config.json").read_text())["training"]["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_prompts(path: Path) -> list[str]:
+    import json
+
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        try:
+            return [json.loads(line)["prompt"] for line in lines]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{path}: each line must be a JSON object with a prompt") from None
+    return lines
+
+
+def draft_vocab_report(
+    data: Annotated[
+        Path, typer.Option(help="Cached features of the target (train-heads' --data folder).")
+    ],
+    target: Annotated[
+        str | None,
+        typer.Option(help="The target the data was cached for. Default: the pair's."),
+    ] = None,
+    size: Annotated[
+        list[int] | None,
+        typer.Option("--size", help="Draft vocabulary sizes to measure; repeatable."),
+    ] = None,
+    reps: Annotated[int, typer.Option(help="Timed proposals per size.")] = 7,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the rows to this JSON file.")
+    ] = None,
+) -> None:
+    """What a reduced draft vocabulary saves in c and gives up in coverage, per size.
+
+    Coverage: the share of the target's next tokens in held-out cached sequences that the
+    heads could propose. c: one Medusa and one EAGLE proposal over one target call.
+    """
+    if not (data / "manifest.json").is_file():
+        raise UsageError(f"no cached features in {data} (run train-heads with --data first)")
+    if reps < 1:
+        raise UsageError(f"reps must be at least 1, got {reps}")
+    sizes = size or [1024, 4096, 8192, 32768, 1 << 30]
+    if min(sizes) < 1:
+        raise UsageError("draft vocabulary sizes must be positive")
+    from specmlx.bench.report import check_writable
+
+    if json_out is not None:
+        check_writable(json_out)  # before minutes of loading and timing
+    from rich.console import Console
+
+    from specmlx.api.load import load
+    from specmlx.bench.report import write_atomic
+    from specmlx.heads.base import target_vocab
+    from specmlx.training.vocab import report_markdown, rows_json, vocab_report
+
+    err = Console(stderr=True, highlight=False)
+    with err.status("loading the target…"):
+        models = load(target, default_draft=False)
+    with err.status("measuring coverage and proposal costs…"):
+        rows = vocab_report(models, data, sizes, reps=reps)
+    print(report_markdown(rows, target_vocab(models.target)))
+    if json_out is not None:
+        import json
+
+        write_atomic(json_out, json.dumps(rows_json(rows), indent=1) + "\n")

@@ -1,0 +1,224 @@
+"""THE loop: propose -> verify once -> accept -> rewind -> yield.
+
+Every drafting strategy goes through `decode`. One step: the policy plans the draft length,
+the drafter proposes up to that many tokens, as a chain or a tree; the target scores [last,
+drafts] in one call; an acceptance rule from `specmlx.engine.verify` keeps a prefix (a path, for a
+tree) of the drafts and adds one token of the target's own; both sides drop what was not
+kept; the policy learns what happened. One host sync per step (the drafter may add one per
+drafted token where a stop rule reads its confidences, and heads one to read their tree). Without a drafter the loop is plain
+decoding, the baseline, double-buffered as mlx-lm's: the next token's call is queued before
+the host reads the current one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from specmlx.engine.cache import Sequence
+from specmlx.engine.draft import Draft, Drafter, Verdict
+from specmlx.engine.policy.base import Outcome, Policy
+from specmlx.engine.sampling import SamplingConfig, draw, warp
+from specmlx.engine.verify import greedy_verify, rejection_verify, tree_verify_arrays, walk_tree
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one target call produced."""
+
+    tokens: tuple[int, ...]  # accepted drafts, then the target's own token (stop-truncated)
+    k: int  # the draft length planned (before the max_tokens cap); 0: a plain step
+    n_drafted: int  # tokens the target verified besides the last one (tree nodes too)
+    draft_depth: int  # the longest path the draft offered
+    n_accepted: int
+    seconds: float  # wall time of the step, measured after its sync
+    finish: str | None  # "stop" (a stop token), "length" (max_tokens), or None
+    # The proposal's own time, where it was timed apart from the verify call (tree drafts
+    # read their tree back anyway; chains only when the policy asks).
+    draft_seconds: float | None = None
+
+
+def _next_token(logits: mx.array, sampling: SamplingConfig) -> mx.array:
+    return mx.argmax(logits) if sampling.greedy else draw(warp(logits, sampling))
+
+
+def _chain(
+    last: int, draft: Draft, target: Sequence, sampling: SamplingConfig
+) -> tuple[Verdict, int]:
+    """Score [last, d1..dk] in one call; keep the accepted prefix."""
+    inputs = mx.concatenate([mx.array([last], mx.uint32), draft.tokens])
+    logits = target.forward(inputs)  # (k+1, vocab)
+    if sampling.greedy:
+        n_accepted, next_token = greedy_verify(draft.tokens, logits)
+    else:
+        n_accepted, next_token = rejection_verify(draft.tokens, draft.probs, warp(logits, sampling))
+    verdict = mx.concatenate([draft.tokens, mx.stack([n_accepted.astype(mx.uint32), next_token])])
+    host = verdict.tolist()  # the step's one sync
+    n, token = host[-2], host[-1]
+    return Verdict(host[:n]), token
+
+
+def _tree(
+    last: int, draft: Draft, target: Sequence, sampling: SamplingConfig, limit: int
+) -> tuple[Verdict, int]:
+    """Score every node of the tree in one call; keep the accepted path, at most `limit`."""
+    inputs = mx.concatenate([mx.array([last], mx.uint32), draft.tokens])
+    logits = target.forward(inputs, tree=draft.tree)  # (nodes, vocab)
+    arrays = tree_verify_arrays(draft.tree, draft.tokens, logits, sampling)
+    arrays["tokens"] = draft.tokens
+    host = _to_host(arrays)  # the step's one sync
+    path, token = walk_tree(draft.tree, host["tokens"], host, sampling, limit)
+    accepted = [host["tokens"][node - 1] for node in path]
+    return Verdict(accepted, path, host["target_tokens"]), token
+
+
+def _to_host(arrays: dict[str, mx.array]) -> dict[str, list]:
+    """Every array's values, in one transfer: flattened into one float32 array (token ids
+    below 2**24 are exact in it), then split; integer arrays come back as ints."""
+    flat = mx.concatenate([a.reshape(-1).astype(mx.float32) for a in arrays.values()]).tolist()
+    host, offset = {}, 0
+    for name, a in arrays.items():
+        values = flat[offset : offset + a.size]
+        offset += a.size
+        host[name] = values if mx.issubdtype(a.dtype, mx.floating) else [int(v) for v in values]
+    return host
+
+
+def _finish(emitted: list[int], stop_tokens: frozenset[int]) -> tuple[list[int], str | None]:
+    for i, token in enumerate(emitted):
+        if token in stop_tokens:
+            return emitted[: i + 1], "stop"
+    return emitted, None
+
+
+def decode(
+    target: Sequence,
+    context: list[int],
+    drafter: Drafter | None,
+    *,
+    policy: Policy,
+    max_tokens: int,
+    sampling: SamplingConfig,
+    stop_tokens: frozenset[int] = frozenset(),
+) -> Iterator[Step]:
+    """Generate up to `max_tokens` tokens after `context`, one `Step` per target call.
+
+    The target's cache is brought to hold context[:-1] (reusing what it already holds), and
+    after every step it holds everything generated except the newest token.
+    """
+    context = list(context)
+    if drafter is not None and drafter.traits.features is not None:
+        target.capture(drafter.traits.features)  # heads draft from the target's hidden states
+    target.sync(context)
+    policy.start()
+    if drafter is None:
+        yield from _plain(target, context, policy, max_tokens, sampling, stop_tokens)
+        return
+    # The drafter takes in the context when first asked for a draft: a response the policy
+    # decodes plainly never pays for the draft model's prefill.
+    prefilled = False
+    produced = 0
+    while produced < max_tokens:
+        start = time.perf_counter()
+        last = context[-1]
+        plan = policy.choose()
+        # Never accept past max_tokens: a step emits at most k + 1 tokens.
+        k = min(plan.k, max_tokens - produced - 1)
+        if k > 0 and not prefilled:
+            drafter.prefill(context, target)
+            prefilled = True
+            start = time.perf_counter()  # a prefill, like the target's: not the step's time
+        draft = drafter.propose(context, k, plan.stop) if k > 0 else None
+        if draft is not None and draft.size == 0:
+            draft = None  # nothing to propose (an n-gram miss): a plain step
+        draft_seconds = None
+        if draft is not None and draft.tree is not None:
+            draft_seconds = time.perf_counter() - start  # the tree was read back: it is done
+        elif draft is not None and plan.time_draft:
+            mx.eval(draft.tokens)  # the draft calls, timed apart from the verify call
+            draft_seconds = time.perf_counter() - start
+        if draft is None:
+            logits = target.forward(mx.array([last], mx.uint32))[0]
+            verdict, token = Verdict([]), _next_token(logits, sampling).item()
+            target.settle([last])
+        elif draft.tree is None:
+            verdict, token = _chain(last, draft, target, sampling)
+            target.settle([last, *verdict.accepted])
+        else:
+            verdict, token = _tree(last, draft, target, sampling, k)
+            target.settle([last, *verdict.accepted], path=[0, *verdict.path])
+        if draft is not None:
+            drafter.commit(verdict)
+        seconds = time.perf_counter() - start
+        policy.observe(
+            Outcome(
+                requested=k if draft is not None else 0,
+                drafted=draft.size if draft is not None else 0,
+                depth=draft.depth if draft is not None else 0,
+                accepted=verdict.n_accepted,
+                seconds=seconds,
+                draft_seconds=draft_seconds,
+                confidences=draft.confidences if draft is not None else None,
+                tree=draft is not None and draft.tree is not None,
+            )
+        )
+        emitted, finish = _finish([*verdict.accepted, token], stop_tokens)
+        produced += len(emitted)
+        if finish is None and produced >= max_tokens:
+            finish = "length"
+        context.extend(emitted)
+        yield Step(
+            tuple(emitted),
+            plan.k,
+            draft.size if draft is not None else 0,
+            draft.depth if draft is not None else 0,
+            verdict.n_accepted,
+            seconds,
+            finish,
+            draft_seconds,
+        )
+        if finish is not None:
+            return
+
+
+def _plain(
+    target: Sequence,
+    context: list[int],
+    policy: Policy,
+    max_tokens: int,
+    sampling: SamplingConfig,
+    stop_tokens: frozenset[int],
+) -> Iterator[Step]:
+    """Plain decoding, double-buffered: the call for token t+1 takes token t as a lazy array
+    and is queued before the host reads token t, so the device never waits for the host."""
+    start = time.perf_counter()
+    pending = _next_token(target.forward(mx.array([context[-1]], mx.uint32))[0], sampling)
+    mx.async_eval(pending)
+    target.settle([context[-1]])
+    try:
+        for produced in range(1, max_tokens + 1):
+            queued = None
+            if produced < max_tokens:
+                queued = _next_token(target.forward(pending[None])[0], sampling)
+                mx.async_eval(queued)
+            token = pending.item()  # the step's one sync
+            seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            finish = "stop" if token in stop_tokens else None
+            if finish is None and produced == max_tokens:
+                finish = "length"
+            if finish is None:
+                target.settle([token])  # the queued call's input, now known
+            policy.observe(Outcome(0, 0, 0, 0, seconds))
+            yield Step((token,), 0, 0, 0, 0, seconds, finish)
+            if finish is not None:
+                return
+            pending = queued
+    finally:
+        # A queued call past the end (a stop token, or a consumer that stopped early) is
+        # dropped: the cache holds everything generated except the newest token.
+        if target.n_unconfirmed:
+            target.settle([])

@@ -1,0 +1,12 @@
+"""How far to draft: the loop asks a policy before every step and tells it what happened.
+
+`FixedK` drafts a fixed k (`-k N`); `AdaptiveK` chooses k each step from calibrated costs and
+what it measures (`-k auto`, docs/adaptive-k.md).
+"""
+
+from specmlx.engine.policy.adaptive import AdaptiveK
+from specmlx.engine.policy.base import Outcome, Plan, Policy
+from specmlx.engine.policy.fixed import FixedK
+from specmlx.engine.policy.pricing import LearnedCosts
+
+__all__ = ["AdaptiveK", "FixedK", "LearnedCosts", "Outcome", "Plan", "Policy"]

@@ -1,0 +1,358 @@
+"""Training data for heads: token sequences, and the target's features over them.
+
+Heads learn to guess what the target will say next from the target's own hidden states, so
+the best data is the target's own output (self-distillation, as Medusa-2 and EAGLE do):
+`generate_corpus` has the target answer a set of prompts (the shipped `train_prompts.jsonl`,
+held out from the bench suites, or the user's). `file_corpus` cuts the user's own text or
+code into sequences instead. Either is a `Corpus`: sequences produced on demand, so that a
+resumed `cache_features` does not generate again what its shards already hold.
+
+`cache_features` runs the target once over every sequence and keeps, per token, the hidden
+state its drafters read (`FeatureSpec`) and the target's own next token (the argmax of the
+same call's logits), in shards on disk (`specmlx.training.shards`). Training then never runs
+the target again.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as SequenceABC
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.generate import encode_prompt, generate
+from specmlx.engine.cache import make_cache
+from specmlx.engine.features import FeatureSpec, capturing
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.errors import UsageError
+from specmlx.progress import progress_bar
+from specmlx.training.shards import FeatureIndex, ShardWriter, open_shards
+
+CHUNK = 512  # tokens per target call when caching features (long sequences go in pieces)
+SHARD_TOKENS = 1 << 16
+
+
+class Corpus(SequenceABC):
+    """Token sequences made on demand (`make(i)`), and a record of where they come from.
+
+    `source` is plain data: the feature cache keeps it in its manifest and refuses to
+    resume over shards made from other data."""
+
+    def __init__(self, source: dict[str, Any], count: int, make: Callable[[int], list[int]]):
+        self.source = source
+        self._count = count
+        self._make = make
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        return self._make(i)
+
+    def __add__(self, other: Corpus) -> Corpus:  # type: ignore[override]
+        def make(i: int) -> list[int]:
+            return self[i] if i < len(self) else other[i - len(self)]
+
+        return Corpus({"parts": [self.source, other.source]}, len(self) + len(other), make)
+
+
+def train_prompts() -> list[str]:
+    """The shipped self-distillation prompts: code in several languages, explanations,
+    extraction to JSON, summaries, chat, creative writing; none of them a bench prompt."""
+    text = resources.files("specmlx").joinpath("data/train_prompts.jsonl").read_text("utf-8")
+    return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+
+
+def generate_corpus(
+    models: Models,
+    prompts: Iterable[str] | None = None,
+    max_tokens: int = 256,
+    seed: int = 0,
+    sampling: SamplingConfig | None = None,
+    chat_template: bool = True,
+    batch_size: int = 1,
+    samples: int = 1,
+    temperature: float = 0.8,
+) -> Corpus:
+    """The target's own answers to `prompts` (default: `train_prompts()`), each as one
+    sequence of prompt ids (through the chat template) + answer ids (the stop token too).
+
+    Greedy by default. `samples` > 1 adds answers sampled at `temperature` (top-p 0.95):
+    sequence k·n + i is the k-th answer to prompt i of n, so the data holds the target's
+    likely turns as well as its single most likely one (its greedy next tokens stay the
+    labels). `batch_size` 1 decodes plainly through `specmlx.api`, with a sampler drawing
+    sequence j from seed `seed + j`; more answers `batch_size` prompts at once (mlx-lm's
+    batched generation, several times the tokens per second on a memory-bound machine;
+    block b of answer k drawn from seed `seed + k·blocks + b`). Either way a sequence is
+    the same whenever it is made, alone or in a resumed run."""
+    prompts = list(train_prompts() if prompts is None else prompts)
+    if not prompts:
+        raise UsageError("no prompts to generate training data from")
+    if batch_size < 1 or samples < 1:
+        raise UsageError(f"batch size and samples must be at least 1, got {batch_size}, {samples}")
+    sampling = sampling or SamplingConfig()
+    sampled = SamplingConfig(temperature=temperature, top_p=0.95) if samples > 1 else sampling
+    n = len(prompts)
+    n_blocks = -(-n // batch_size)
+    blocks: dict[tuple[int, int], list[list[int]]] = {}  # the newest block of a batched run
+
+    def make(j: int) -> list[int]:
+        k, i = divmod(j, n)
+        how = sampling if k == 0 else sampled
+        prompt_ids = encode_prompt(models, prompts[i], chat_template)
+        if batch_size == 1:
+            config = GenerationConfig(
+                method="none", max_tokens=max_tokens, sampling=how, chat_template=chat_template
+            )
+            return (
+                prompt_ids + generate(models, prompts[i], replace(config, seed=seed + j)).token_ids
+            )
+        block = i // batch_size
+        if (k, block) not in blocks:
+            first = block * batch_size
+            ids = [
+                encode_prompt(models, p, chat_template) for p in prompts[first : first + batch_size]
+            ]
+            blocks.clear()
+            draw = seed + k * n_blocks + block
+            blocks[k, block] = _answer_batch(models, ids, max_tokens, how, draw)
+        return prompt_ids + blocks[k, block][i % batch_size]
+
+    source = {
+        "kind": "generated",
+        "prompts": len(prompts),
+        "prompts_sha256": prompt_set_sha256(prompts),
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "sampling": vars(sampling),
+        "chat_template": chat_template,
+        "batch_size": batch_size,
+    }
+    if samples > 1:
+        source |= {"samples": samples, "sampled": vars(sampled)}
+    return Corpus(source, n * samples, make)
+
+
+def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
+    """A group per cached sequence: the answers to one prompt share one (held out together,
+    or trained on together); any other sequence is a group of its own. # (n,)
+
+    Reads the corpus' recorded `source`: generated parts are laid out as `generate_corpus`
+    makes them, k·prompts + i; the first part that is not generated ends the reading."""
+    groups: list[int] = []
+    first = 0  # the next part's first group
+    for part in _parts(source):
+        if part.get("kind") != "generated":
+            break
+        prompts = int(part["prompts"])
+        groups += [first + j % prompts for j in range(prompts * int(part.get("samples", 1)))]
+        first += prompts
+    return groups[:n] + list(range(first, first + n - len(groups)))
+
+
+def prompt_positions(
+    models: Models, source: dict[str, Any], n: int, prompts: list[str] | None = None
+) -> list[int] | None:
+    """Per cached sequence, its prompt's positions but the last (whose next token is the
+    answer's first): what heads never draft. 0 for pieces of files. # (n,)
+
+    Read from the corpus' recorded `source`, its prompts told by their hash among `prompts`
+    and the shipped set; None when a part's prompts are neither, or when a generated part
+    follows files (whose count of pieces is not recorded)."""
+    candidates = [c for c in (prompts, train_prompts()) if c is not None]
+    parts = _parts(source)
+    skip: list[int] = []
+    for i, part in enumerate(parts):
+        if part.get("kind") != "generated":
+            if i != len(parts) - 1:
+                return None
+            continue
+        count = int(part["prompts"])
+        texts = next(
+            (
+                c[:count]
+                for c in candidates
+                if prompt_set_sha256(c[:count]) == part["prompts_sha256"]
+            ),
+            None,
+        )
+        if texts is None:
+            return None
+        lengths = [len(encode_prompt(models, p, part["chat_template"])) - 1 for p in texts]
+        skip += lengths * int(part.get("samples", 1))  # answer k to prompt i: sequence k·n + i
+    return skip[:n] + [0] * (n - len(skip))
+
+
+def _parts(source: dict[str, Any]) -> list[dict[str, Any]]:
+    if "parts" not in source:
+        return [source]
+    return [leaf for part in source["parts"] for leaf in _parts(part)]
+
+
+def _answer_batch(
+    models: Models, prompts: list[list[int]], max_tokens: int, sampling: SamplingConfig, seed: int
+) -> list[list[int]]:
+    """The target's answers to several prompts at once; the stop token ends a finished one."""
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    mx.random.seed(seed)
+    sampler = make_sampler(sampling.temperature, sampling.top_p, top_k=sampling.top_k)
+    answers = batch_generate(
+        models.target,
+        models.tokenizer,
+        prompts,
+        max_tokens=max_tokens,
+        return_token_ids=True,
+        sampler=sampler,
+    ).token_ids
+    # mlx-lm leaves the stop token out: an answer shorter than max_tokens met one, and not
+    # which one when there are several; a chat answer ends its turn, and the primary EOS is
+    # the end-of-turn token of chat models (SmolLM2's and Qwen's <|im_end|>).
+    stop = models.tokenizer.eos_token_id
+    return [a + [stop] if len(a) < max_tokens and stop is not None else a for a in answers]
+
+
+def file_corpus(
+    paths: Iterable[str | Path], tokenizer: Any, seq_len: int = 512, min_tokens: int = 16
+) -> Corpus:
+    """The user's text or code files cut into sequences of `seq_len` tokens.
+
+    `paths` are files, folders (every file under them, hidden ones skipped) or glob patterns
+    (`src/**/*.py`). Files that are not UTF-8 text are skipped; each file is cut on its own,
+    and a last piece shorter than `min_tokens` is dropped."""
+    if seq_len < 2:
+        raise UsageError(f"seq-len must be at least 2, got {seq_len}")
+    files = _expand(paths)
+    pieces: list[list[int]] = []
+    digest = hashlib.sha256()
+    n_read = 0
+    for file in files:
+        try:
+            text = file.read_text("utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        n_read += 1
+        digest.update(str(file).encode() + b"\0" + text.encode() + b"\0")
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        for start in range(0, len(ids), seq_len):
+            piece = ids[start : start + seq_len]
+            if len(piece) >= min_tokens:
+                pieces.append(piece)
+    if not pieces:
+        raise UsageError(f"no text in {', '.join(map(str, paths))} to train on")
+    source = {
+        "kind": "files",
+        "files": n_read,
+        "sha256": digest.hexdigest(),
+        "seq_len": seq_len,
+    }
+    return Corpus(source, len(pieces), pieces.__getitem__)
+
+
+def _expand(paths: Iterable[str | Path]) -> list[Path]:
+    files: set[Path] = set()
+    for path in map(str, paths):
+        matches = glob.glob(path, recursive=True) if glob.has_magic(path) else [path]
+        if not matches:
+            raise UsageError(f"no files match {path}")
+        for match in map(Path, matches):
+            if match.is_dir():
+                files.update(
+                    f
+                    for f in match.rglob("*")
+                    if f.is_file()
+                    and not any(p.startswith(".") for p in f.relative_to(match).parts)
+                )
+            elif match.is_file():
+                files.add(match)
+            else:
+                raise UsageError(f"no such file or folder: {match}")
+    return sorted(files)
+
+
+def prompt_set_sha256(prompts: list[str]) -> str:
+    """What a generated corpus records of its prompts."""
+    return _sha256(json.dumps(prompts).encode())
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def target_features(
+    model: Any, tokens: list[int], spec: FeatureSpec, chunk: int = CHUNK
+) -> tuple[mx.array, mx.array]:
+    """The target's features at each token and its greedy next token after each, from one
+    pass over `tokens` (in pieces of `chunk` through a cache). # (n, width), (n,)"""
+    cache = make_cache(model)
+    rows, nexts = [], []
+    with capturing(model, spec) as seen:
+        for start in range(0, len(tokens), chunk):
+            piece = mx.array(tokens[start : start + chunk], mx.uint32)[None]
+            logits = model(piece, cache=cache)[0]  # (m, vocab)
+            rows.append(seen.latest()[0].astype(mx.float16))
+            nexts.append(mx.argmax(logits, axis=-1).astype(mx.int32))
+            mx.eval(rows[-1], nexts[-1], [c.state for c in cache])
+    return mx.concatenate(rows), mx.concatenate(nexts)
+
+
+def cache_features(
+    models: Models,
+    corpus: Corpus,
+    spec: FeatureSpec,
+    out_dir: Path,
+    shard_tokens: int = SHARD_TOKENS,
+    chunk: int = CHUNK,
+    progress: bool = True,
+) -> FeatureIndex:
+    """Features of the target over every sequence of `corpus`, cached in `out_dir`.
+
+    Shards already there are kept: a run cut short (Ctrl-C) resumes at the first sequence
+    no shard holds. A manifest records the target's fingerprint, the features and the data;
+    resuming with a different one is an error, never a mix."""
+    from specmlx.heads.base import fingerprint
+
+    manifest = {
+        "format": "specmlx-features",
+        "version": 1,
+        "fingerprint": fingerprint(models.target, models.tokenizer),
+        "feature_layers": list(spec.layers),
+        "width": spec.width(int(models.target.args.hidden_size)),
+        "vocab_size": models.vocab_size,
+        "eos_ids": sorted(int(i) for i in models.tokenizer.eos_token_ids),
+        "chunk": chunk,
+        "sequences": len(corpus),
+        "source": corpus.source,
+    }
+    writer = ShardWriter(Path(out_dir), manifest, models, shard_tokens)
+    with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
+        for i in range(writer.index.n_sequences, len(corpus)):
+            tokens = corpus[i]
+            features, nexts = target_features(models.target, tokens, spec, chunk)
+            writer.add(tokens, features, nexts)
+            bar.advance(f"{writer.n_tokens:,} tokens")
+        writer.close()
+    return open_shards(Path(out_dir)).index
+
+
+def draft_vocab(counts: np.ndarray, size: int, always: Iterable[int] = ()) -> np.ndarray:
+    """The `size` most frequent token ids (most frequent first, ties by id), with the ids in
+    `always` (the stop tokens) forced in at the end in place of the rarest. # (size,) int32"""
+    order = np.argsort(-counts, kind="stable")[:size]
+    chosen = set(order.tolist())
+    missing = [i for i in dict.fromkeys(always) if i not in chosen]
+    if missing:
+        order = np.concatenate([order[: size - len(missing)], np.array(missing)])
+    return order.astype(np.int32)

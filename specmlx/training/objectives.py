@@ -1,0 +1,296 @@
+"""What each kind of heads learns: its batches from the feature cache, its loss, its step.
+
+A batch is B windows of `seq_len` consecutive positions inside one cached sequence (never
+across two), padded at the end; which windows a step takes is a function of (seed, step)
+alone, so a resumed run reads exactly the batches an uninterrupted one would.
+
+Medusa (Cai et al. 2024): head i on f_t predicts token t+2+i (head 0: the token after the
+next one, which the target itself predicts from f_t), cross-entropy over the draft
+vocabulary, head i weighted 0.8**i. EAGLE (Li et al. 2024): from (f_j, token j+1) the head
+predicts f_{j+1}, teacher-forced over the window with a causal mask; SmoothL1 to the true
+f_{j+1} plus 0.1 x cross-entropy of its logits against the target's own greedy token after
+token j+1 (or, with `soft`, against the target's distribution over the draft vocabulary).
+Targets outside the draft vocabulary are left out of the cross-entropy and count as misses
+in the top-1 accuracy (the heads can never propose them).
+
+At tree depth 2 and beyond, EAGLE reads its own predicted features, not the target's;
+trained only on the target's, its second guesses were kept 16% of the time where its
+first were kept 73% (SmolLM2-135M). So with `unroll=2` the loss also runs the head a second
+time on its own predictions, as EAGLE-3's training-time test does: position j then takes
+(f̂_{j+1}, token j+2) and is scored against f_{j+2} and the target's token after j+2. (Its
+context is made of predictions too, where a tree's is the target's features but for its
+ancestors: an approximation of the drafting it trains for.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+
+from specmlx.training.shards import FeatureData
+
+Batch = tuple[mx.array, ...]
+Span = tuple[np.ndarray, np.ndarray, np.ndarray]  # positions, sequence ends, first scored
+
+
+class Windows:
+    """The training windows of a feature cache, and the batch of each step."""
+
+    def __init__(
+        self,
+        data: FeatureData,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        sequences: Iterable[int] | None = None,
+        skip: Sequence[int] | None = None,
+    ):
+        """`sequences`: the cached sequences to cut windows from (default: all of them).
+        `skip[i]`: the leading positions of sequence i that are read but never scored (its
+        prompt's but the last: heads only ever draft answers)."""
+        bounds = list(zip(data.starts[:-1], data.starts[1:], strict=True))
+        starts, ends, firsts = [], [], []
+        for i in range(len(bounds)) if sequences is None else sequences:
+            s, e = int(bounds[i][0]), int(bounds[i][1])
+            first = s + (skip[i] if skip is not None else 0)
+            for a in range(s, e - 2, seq_len):  # a window needs a token 2 ahead
+                if a + seq_len > first:  # and a position to score
+                    starts.append(a)
+                    ends.append(e)
+                    firsts.append(first)
+        self.starts = np.array(starts, np.int64)  # (windows,)
+        self.ends = np.array(ends, np.int64)  # (windows,) the end of each one's sequence
+        self.firsts = np.array(firsts, np.int64)  # (windows,) its first scored position
+        self.seq_len = seq_len
+        self.batch_size = max(1, min(batch_size, len(starts)))
+        self.seed = seed
+        self._orders: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def positions(self, step: int) -> Span:
+        """Step `step`'s positions in the cache, the end of their sequence and its first
+        scored position. # (B, L), (B, 1), (B, 1)
+
+        Epoch after epoch, the windows in an order drawn from (seed, epoch)."""
+        n = len(self.starts)
+        picks = step * self.batch_size + np.arange(self.batch_size)
+        return self._span(np.array([self._order(int(g) // n)[int(g) % n] for g in picks]))
+
+    def in_order(self) -> Iterator[Span]:
+        """Every window once, in cache order, `batch_size` at a time (the last batch may be
+        smaller), as `positions` gives them."""
+        for first in range(0, len(self.starts), self.batch_size):
+            yield self._span(np.arange(first, min(first + self.batch_size, len(self.starts))))
+
+    def _span(self, chosen: np.ndarray) -> Span:
+        pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
+        return pos, self.ends[chosen][:, None], self.firsts[chosen][:, None]
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if len(self._orders) > 1:  # a batch spans at most two epochs
+                self._orders.clear()
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self))
+        return self._orders[epoch]
+
+
+def t2d_table(d2t: np.ndarray | None, vocab: int) -> np.ndarray:
+    """Draft id of each target id, -1 where the draft vocabulary lacks it. # (vocab,)"""
+    if d2t is None:
+        return np.arange(vocab, dtype=np.int32)
+    table = np.full(vocab, -1, np.int32)
+    table[d2t] = np.arange(len(d2t), dtype=np.int32)
+    return table
+
+
+def _rows(data: FeatureData, pos: np.ndarray) -> mx.array:
+    """The cached features at `pos`, as float32. # (B, L, width)"""
+    flat = data.features[mx.array(pos.reshape(-1))]
+    return flat.reshape(*pos.shape, -1).astype(mx.float32)
+
+
+def medusa_batch(
+    data: FeatureData,
+    pos: np.ndarray,
+    end: np.ndarray,
+    first: np.ndarray,
+    t2d: np.ndarray,
+    heads: int,
+) -> Batch:
+    """features (B, L, F); labels (K, B, L) draft ids or -1; valid (K, B, L): a token exists
+    and the position is scored (at or after `first`)."""
+    labels, valid = [], []
+    for i in range(heads):
+        ahead = pos + 2 + i
+        ok = (ahead < end) & (pos >= first)
+        labels.append(np.where(ok, t2d[data.tokens[np.minimum(ahead, end - 1)]], -1))
+        valid.append(ok)
+    features = _rows(data, np.minimum(pos, end - 1))
+    return features, mx.array(np.stack(labels)), mx.array(np.stack(valid))
+
+
+def eagle_batch(
+    data: FeatureData,
+    pos: np.ndarray,
+    end: np.ndarray,
+    first: np.ndarray,
+    t2d: np.ndarray,
+    unroll: int = 1,
+) -> Batch:
+    """features f_j (B, L, F), then for each unrolled step s = 1..unroll: tokens j+s
+    (B, L), true f_{j+s} (B, L, F), labels: the target's greedy token after j+s in draft ids
+    or -1 (B, L), valid (B, L): the token exists and j is scored (at or after `first`).
+    Positions before `first` are still read: they are the context the head attends to."""
+    batch: list[mx.array] = [_rows(data, np.minimum(pos, end - 1))]
+    for step in range(1, unroll + 1):
+        ahead = np.minimum(pos + step, end - 1)
+        valid = (pos + step < end) & (pos >= first)
+        labels = np.where(valid, t2d[data.nexts[ahead]], -1)
+        batch += [
+            mx.array(data.tokens[ahead]),
+            _rows(data, ahead),
+            mx.array(labels),
+            mx.array(valid),
+        ]
+    return tuple(batch)
+
+
+def with_noise(batch: Batch, amplitude: float, seed: int, step: int) -> Batch:
+    """The batch with uniform noise in (-amplitude, amplitude) added to its input features
+    (batch[0]), as EAGLE trains: the head learns to read features that are a little off,
+    as its own predictions are. The noise is a function of (seed, step), so a resumed run
+    draws what an uninterrupted one would."""
+    if amplitude <= 0:
+        return batch
+    key = mx.random.key(seed * 1_000_003 + step)
+    noise = mx.random.uniform(-amplitude, amplitude, batch[0].shape, key=key)
+    return (batch[0] + noise, *batch[1:])
+
+
+def _cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
+    """Per position; labels -1 give garbage, masked by the caller. # (...)"""
+    picked = mx.take_along_axis(logits, mx.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    return mx.logsumexp(logits, axis=-1) - picked
+
+
+def _masked_mean(values: mx.array, mask: mx.array, axes: Any = None) -> mx.array:
+    return (values * mask).sum(axes) / mx.maximum(mask.sum(axes), 1)
+
+
+def medusa_loss(
+    heads: nn.Module, features: mx.array, labels: mx.array, valid: mx.array, decay: float
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Weighted sum of the heads' cross-entropies; each head's loss and top-1 accuracy."""
+    logits = heads(features)  # (K, B, L, V_d)
+    used = valid & (labels >= 0)
+    per_head = _masked_mean(_cross_entropy(logits, labels), used, (1, 2))  # (K,)
+    weights = decay ** mx.arange(per_head.shape[0], dtype=mx.float32)
+    hits = mx.argmax(logits, axis=-1) == labels
+    accuracy = _masked_mean(hits, valid, (1, 2))  # (K,)
+    return (weights * per_head).sum(), per_head, accuracy
+
+
+def eagle_loss(
+    head: nn.Module,
+    features: mx.array,
+    *steps: mx.array,
+    ce_weight: float,
+    soft: bool,
+) -> tuple[mx.array, mx.array, mx.array]:
+    """SmoothL1 + ce_weight x cross-entropy, summed over the unrolled steps (each a group of
+    `eagle_batch`'s tokens, true_next, labels, valid); the first step's two terms, and the
+    top-1 accuracy of each step."""
+    total, terms, accuracy = mx.array(0.0), [], []
+    inputs = features
+    for i in range(0, len(steps), 4):
+        tokens, true_next, labels, valid = steps[i : i + 4]
+        predicted = head(inputs, tokens)  # (B, L, d)
+        regression = nn.losses.smooth_l1_loss(predicted, true_next, reduction="none").mean(-1)
+        logits = head.logits(predicted)  # (B, L, V_d)
+        if soft:
+            target_probs = mx.stop_gradient(mx.softmax(head.logits(true_next), axis=-1))
+            per_token = -(target_probs * nn.log_softmax(logits, axis=-1)).sum(-1)
+            ce = _masked_mean(per_token, valid)
+        else:
+            ce = _masked_mean(_cross_entropy(logits, labels), valid & (labels >= 0))
+        step_terms = mx.stack([_masked_mean(regression, valid), ce])  # (2,)
+        total = total + step_terms[0] + ce_weight * step_terms[1]
+        terms = terms or [step_terms]
+        accuracy.append(_masked_mean(mx.argmax(logits, axis=-1) == labels, valid))
+        inputs = predicted  # the next step reads the head's own predictions
+    return total, terms[0], mx.stack(accuracy)
+
+
+def schedule(peak: float, warmup: int, total: int, min_lr: float) -> Callable:
+    """Linear warm-up to `peak`, then a cosine decay to peak * min_lr at the last step."""
+    warmup = min(warmup, total - 1)
+    decay = optim.cosine_decay(peak, max(1, total - warmup), peak * min_lr)
+    if warmup == 0:
+        return decay
+    return optim.join_schedules(
+        [optim.linear_schedule(peak / warmup, peak, warmup), decay], [warmup]
+    )
+
+
+def step_function(
+    heads: nn.Module,
+    optimizer: optim.Optimizer,
+    loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
+    grad_clip: float,
+    compile: bool,
+) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
+    """One optimizer step on a batch; returns loss_fn's (loss, terms, accuracy), lazily.
+
+    Compiled, it takes the heads' and the optimizer's state as implicit inputs and outputs:
+    the very dicts each step updates in place."""
+    loss_and_grad = nn.value_and_grad(heads, loss_fn)
+
+    def step(*batch: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        (loss, terms, accuracy), grads = loss_and_grad(*batch)
+        if grad_clip > 0:
+            grads, _ = optim.clip_grad_norm(grads, grad_clip)
+        optimizer.update(heads, grads)
+        return loss, terms, accuracy
+
+    if not compile:
+        return step
+    state = [heads.state, optimizer.state]
+    return partial(mx.compile, inputs=state, outputs=state)(step)
+
+
+def labelled(batch: Batch, kind: str) -> mx.array:
+    """Positions that count in each head's accuracy (medusa) or each unrolled step's
+    (eagle): those with a token to guess, at or after the first scored one. # (K,)"""
+    if kind == "medusa":
+        return batch[2].sum((1, 2))
+    return mx.stack([valid.sum() for valid in batch[4::4]])
+
+
+def heldout_accuracy(
+    loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
+    batch_of: Callable[[np.ndarray, np.ndarray, np.ndarray], Batch],
+    windows: Windows,
+    kind: str,
+) -> list[float]:
+    """Top-1 accuracy of each head (eagle: each unrolled step) over `windows`, which the
+    heads never trained on: each batch's accuracy weighted by the positions it counted
+    (`labelled`). Evaluated batch by batch; no gradients."""
+    hits, counts = None, None
+    for pos, end, first in windows.in_order():
+        batch = batch_of(pos, end, first)
+        _, _, accuracy = loss_fn(*batch)
+        n = labelled(batch, kind)
+        hits = accuracy * n if hits is None else hits + accuracy * n
+        counts = n if counts is None else counts + n
+        mx.eval(hits, counts)
+    if hits is None or counts is None:
+        return []
+    return [round(h / max(c, 1), 4) for h, c in zip(hits.tolist(), counts.tolist(), strict=True)]

@@ -1,0 +1,341 @@
+"""Train Medusa heads or an EAGLE head on a feature cache (`specmlx.training.data`).
+
+    data = generate_corpus(models, max_tokens=256)
+    cache_features(models, data, FeatureSpec(), Path("data/smollm2"))
+    report = train_heads(models, TrainConfig(kind="medusa", steps=600), Path("data/smollm2"),
+                         Path("heads/smollm2-medusa"))
+
+The target is only read here (its output rows, its embeddings): its features come from the
+cache. AdamW with a linear warm-up and a cosine decay; the losses are in
+`specmlx.training.objectives`. Every `holdout`-th prompt's answers are kept out of training,
+and the heads' top-1 accuracy on them (answer positions), at each checkpoint and at the end,
+goes to the log: what they will keep when drafting new answers, and, beside the training
+accuracy, how far they overfit their data. Every `checkpoint_every` steps, and on Ctrl-C
+(the step under way finishes first; a second Ctrl-C stops at once), the run's state goes to
+`out_dir/checkpoint`; `resume=True` continues from it and ends with the same weights as an
+uninterrupted run. A finished run leaves the heads (`save_heads`, with a record of the data,
+steps, seed, losses and time in their config), `train_log.json` and `loss.png` in out_dir.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+
+from specmlx.api.config import Models
+from specmlx.errors import UsageError
+from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vocab
+from specmlx.progress import progress_bar
+from specmlx.training import checkpoint as ckpt
+from specmlx.training.data import draft_vocab, prompt_positions, sequence_groups
+from specmlx.training.objectives import (
+    Windows,
+    eagle_batch,
+    eagle_loss,
+    heldout_accuracy,
+    medusa_batch,
+    medusa_loss,
+    schedule,
+    step_function,
+    t2d_table,
+    with_noise,
+)
+from specmlx.training.shards import FeatureData, open_shards
+
+KINDS = ("medusa", "eagle")
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 3e-4}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train. `steps=None` runs `epochs` passes over the cached windows."""
+
+    kind: str = "medusa"  # "medusa" | "eagle"
+    steps: int | None = None
+    epochs: float = 1.0
+    seq_len: int = 256  # positions per window (never across two sequences)
+    batch_tokens: int = 2048  # positions per step: batch_tokens // seq_len windows
+    lr: float | None = None  # peak learning rate; None: 1e-3 medusa, 3e-4 eagle
+    warmup: int = 20  # steps of linear warm-up, then a cosine decay to lr * min_lr
+    min_lr: float = 0.1
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # global gradient norm; 0: no clipping
+    seed: int = 0  # the heads' initial weights and the data order
+    draft_vocab: int | None = 16384  # V_d most frequent tokens of the data; None: all
+    num_heads: int = 4  # medusa
+    num_layers: int = 1  # medusa: residual blocks per head
+    feature_layers: tuple[int, ...] = ()  # must be those the cache holds
+    medusa_decay: float = 0.8  # head i's loss weight: decay ** i
+    eagle_ce_weight: float = 0.1
+    soft_targets: bool = False  # eagle: cross-entropy against the target's distribution
+    unroll: int = 2  # eagle: steps the head runs on its own predictions in the loss
+    feature_noise: float = 0.0  # uniform noise of this amplitude on the input features
+    # Train on answer positions only: a prompt (the user's text, the chat template) is then
+    # read as context and left out of the loss. Off by default: the target's next tokens
+    # inside prompts are its behaviour too, and masking them did not help (SmolLM2's EAGLE
+    # head). The held-out score counts answers either way, where the prompts can be told.
+    answers_only: bool = False
+    # The answers to every holdout-th prompt (and every holdout-th piece of file) are never
+    # trained on: the heads' accuracy there, at each checkpoint and at the end, is what they
+    # do on text they have not seen. 0: none.
+    holdout: int = 20
+    checkpoint_every: int = 100
+    compile: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown heads kind {self.kind!r}; choose from {', '.join(KINDS)}")
+        positive = {"seq-len": self.seq_len, "batch-tokens": self.batch_tokens}
+        positive |= {"num-heads": self.num_heads, "checkpoint-every": self.checkpoint_every}
+        positive["unroll"] = self.unroll
+        if self.steps is not None:
+            positive["steps"] = self.steps
+        if self.draft_vocab is not None:
+            positive["draft-vocab"] = self.draft_vocab
+        for name, value in positive.items():
+            if value < 1:
+                raise UsageError(f"{name} must be at least 1, got {value}")
+        if self.batch_tokens < self.seq_len:
+            raise UsageError(f"batch-tokens ({self.batch_tokens}) below seq-len ({self.seq_len})")
+        if not 0 <= self.feature_noise < math.inf:
+            raise UsageError(f"feature noise must be >= 0, got {self.feature_noise}")
+        if self.feature_noise and self.kind != "eagle":
+            raise UsageError("feature noise is for eagle heads")
+        if self.holdout < 0 or self.holdout == 1:
+            raise UsageError(f"holdout must be 0 (none) or at least 2, got {self.holdout}")
+        if not self.epochs > 0 or (self.lr is not None and not self.lr > 0):
+            raise UsageError("epochs and lr must be positive")
+        if self.warmup < 0 or not 0 <= self.min_lr <= 1 or self.num_layers < 0:
+            raise UsageError("need warmup >= 0, 0 <= min-lr <= 1 and num-layers >= 0")
+
+    @property
+    def learning_rate(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.kind]
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    out_dir: Path
+    kind: str
+    steps: int  # steps done, earlier runs included
+    total_steps: int
+    finished: bool  # False: stopped early (`stop_after`); the checkpoint holds the run
+    seconds: float  # training time, earlier runs included
+    loss: float  # mean over the last steps
+    losses: tuple[float, ...]  # medusa: each head's cross-entropy; eagle: SmoothL1, CE
+    accuracy: tuple[float, ...]  # top-1, per head (eagle: per unrolled step)
+    heldout: tuple[float, ...]  # the same on the held-out sequences (empty: none held out)
+    data_tokens: int
+    plot: Path | None = None
+
+
+def train_heads(
+    models: Models,
+    config: TrainConfig,
+    data_dir: Path | str,
+    out_dir: Path | str,
+    progress: bool = True,
+    resume: bool = False,
+    stop_after: int | None = None,
+    prompts: list[str] | None = None,
+) -> TrainReport:
+    """Train heads of `config.kind` on the features cached in `data_dir` into `out_dir`.
+
+    `resume` continues the run checkpointed in out_dir (without it, a checkpoint there is an
+    error rather than lost). `stop_after` stops, checkpointed, once that many steps are done.
+    `prompts`: those the data was generated from, when not the shipped set (to tell where
+    each answer starts).
+    """
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    data = open_shards(data_dir, whole=True)
+    check_target(data.manifest["fingerprint"], models.target, models.tokenizer)
+    if tuple(data.manifest["feature_layers"]) != config.feature_layers:
+        raise UsageError(
+            f"{data_dir} holds the features of layers {data.manifest['feature_layers'] or 'final'}"
+            f", not of {list(config.feature_layers) or 'final'}"
+        )
+    ckpt.check_out_dir(out_dir)
+    if ckpt.has_checkpoint(out_dir) and not resume:
+        raise UsageError(f"{out_dir} holds an unfinished run: resume it, or delete its checkpoint")
+    vocab = target_vocab(models.target)
+    d2t = _draft_ids(config, data, vocab)
+    source, n = data.manifest["source"], data.index.n_sequences
+    skip = prompt_positions(models, source, n, prompts)
+    train_ids, held_ids = split_sequences(sequence_groups(source, n), config.holdout)
+    batch_size = config.batch_tokens // config.seq_len
+    trained_skip = skip if config.answers_only else None
+    windows = Windows(data, config.seq_len, batch_size, config.seed, train_ids, trained_skip)
+    heldout = Windows(data, config.seq_len, batch_size, config.seed, held_ids, skip)
+    if not len(windows):
+        raise UsageError(f"{data_dir} holds no sequence of 3 tokens or more to train on")
+    total = config.steps or max(1, math.ceil(config.epochs * len(windows) / windows.batch_size))
+    summary = _data_summary(data_dir, data, windows, d2t) | {"heldout_sequences": len(held_ids)}
+    summary["trained_on"] = "all positions" if trained_skip is None else "answers"
+    summary["heldout_scored"] = "all positions" if skip is None else "answers"
+    record = {"settings": settings_record(config), "data": summary}
+
+    heads = _create(models, config, d2t)
+    learning_rate = schedule(config.learning_rate, config.warmup, total, config.min_lr)
+    optimizer = optim.AdamW(learning_rate, weight_decay=config.weight_decay)
+    optimizer.init(heads.trainable_parameters())
+    run = ckpt.RunState()
+    if resume and ckpt.has_checkpoint(out_dir):
+        run = ckpt.load_checkpoint(out_dir, heads, optimizer, record)
+    if config.kind == "medusa":
+        loss_fn = partial(medusa_loss, heads, decay=config.medusa_decay)
+        batch_of = partial(medusa_batch, data, t2d=t2d_table(d2t, vocab), heads=config.num_heads)
+    else:
+        loss_fn = partial(
+            eagle_loss, heads, ce_weight=config.eagle_ce_weight, soft=config.soft_targets
+        )
+        batch_of = partial(eagle_batch, data, t2d=t2d_table(d2t, vocab), unroll=config.unroll)
+    step_fn = step_function(heads, optimizer, loss_fn, config.grad_clip, config.compile)
+    if not len(heldout):
+        evaluate = None
+    else:
+        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout, config.kind)
+
+    with (
+        ckpt.deferred_interrupt() as interrupt,
+        progress_bar(progress, f"training {config.kind}", total, run.step) as bar,
+    ):
+        while run.step < total:
+            start = time.perf_counter()
+            batch = batch_of(*windows.positions(run.step))
+            noisy = with_noise(batch, config.feature_noise, config.seed, run.step)
+            loss, terms, accuracy = step_fn(*noisy)
+            row = mx.concatenate([loss[None], optimizer.learning_rate[None], terms, accuracy])
+            mx.eval(heads.state, optimizer.state, row)
+            values = row.tolist()  # the step's one host sync
+            run.seconds += time.perf_counter() - start
+            bar.advance(run.record(values, len(terms)))
+            stopping = interrupt.requested or run.step == stop_after
+            due = run.step % config.checkpoint_every == 0
+            if evaluate is not None and (due or run.step == total):
+                run.log[-1]["heldout"] = evaluate()
+            if stopping or due:
+                ckpt.save_checkpoint(out_dir, heads, optimizer, run, record)
+            if interrupt.requested:
+                raise KeyboardInterrupt
+            if stopping:
+                return _report(out_dir, config, run, total, summary, finished=False)
+
+    final = run.final()
+    training = {"data": summary, "steps": total, "seed": config.seed, "losses": final}
+    training["heldout_accuracy"] = last_heldout(run)
+    training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
+    heads.config = replace(heads.config, training=training)
+    log = {"settings": settings_record(config), "data": summary, "steps": run.log}
+    plot = ckpt.publish(heads, out_dir, log)
+    return _report(out_dir, config, run, total, summary, finished=True, plot=plot)
+
+
+def split_sequences(groups: list[int], holdout: int) -> tuple[list[int], list[int]]:
+    """The cached sequences trained on, and those held out: every holdout-th group (all the
+    answers to one prompt go the same way)."""
+    held = [holdout > 0 and g % holdout == holdout - 1 for g in groups]
+    return [i for i, h in enumerate(held) if not h], [i for i, h in enumerate(held) if h]
+
+
+def settings_record(config: TrainConfig) -> dict:
+    """The settings as recorded with the heads and checked on resume."""
+    return {**asdict(config), "feature_layers": list(config.feature_layers)}
+
+
+def _draft_ids(config: TrainConfig, data: FeatureData, vocab: int) -> np.ndarray | None:
+    """The draft vocabulary's target ids, most frequent first (None: the whole vocabulary)."""
+    if config.draft_vocab is None or config.draft_vocab >= vocab:
+        return None
+    counts = data.index.count_array(vocab)
+    return draft_vocab(counts, config.draft_vocab, data.manifest["eos_ids"])
+
+
+def _data_summary(
+    data_dir: Path, data: FeatureData, windows: Windows, d2t: np.ndarray | None
+) -> dict:
+    covered = 1.0 if d2t is None else float(np.isin(data.tokens, d2t).mean())
+    return {
+        "dir": str(data_dir.resolve()),
+        "source": data.manifest["source"],
+        "sequences": data.index.n_sequences,
+        "tokens": data.index.n_tokens,
+        "windows": len(windows),
+        "draft_vocab": None if d2t is None else len(d2t),
+        "draft_vocab_coverage": round(covered, 4),  # of the data's tokens
+    }
+
+
+def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.Module:
+    """Fresh heads for the target, their initial weights drawn from the seed."""
+    target = models.target
+    medusa = config.kind == "medusa"
+    heads_config = HeadsConfig(
+        kind=config.kind,
+        hidden_size=int(target.args.hidden_size),
+        target_vocab=target_vocab(target),
+        draft_vocab=target_vocab(target) if d2t is None else len(d2t),
+        feature_layers=config.feature_layers,
+        num_heads=config.num_heads if medusa else 1,
+        num_layers=config.num_layers if medusa else 1,
+        target_args={} if medusa else target_args(models),
+        fingerprint=fingerprint(target, models.tokenizer),
+    )
+    if medusa:
+        from specmlx.heads.medusa import MedusaHeads as kind
+    else:
+        from specmlx.heads.eagle import EagleHead as kind
+    mx.random.seed(config.seed)
+    if d2t is None:
+        heads = kind.create(heads_config, target)
+    else:
+        heads = kind.create(heads_config, target, d2t=mx.array(d2t, mx.int32))
+    mx.eval(heads.parameters())
+    return heads
+
+
+def target_args(models: Models) -> dict:
+    """The target's config.json (what mlx-lm builds its blocks from)."""
+    path = models.target_path and Path(models.target_path) / "config.json"
+    if path and path.is_file():
+        return json.loads(path.read_text())
+    return {k: v for k, v in vars(models.target.args).items() if not k.startswith("_")}
+
+
+def _report(
+    out_dir: Path,
+    config: TrainConfig,
+    run: ckpt.RunState,
+    total: int,
+    summary: dict,
+    finished: bool,
+    plot: Path | None = None,
+) -> TrainReport:
+    final = run.final()
+    return TrainReport(
+        out_dir,
+        config.kind,
+        run.step,
+        total,
+        finished,
+        run.seconds,
+        final["loss"],
+        tuple(final["losses"]),
+        tuple(final["accuracy"]),
+        tuple(last_heldout(run)),
+        summary["tokens"],
+        plot,
+    )
+
+
+def last_heldout(run: ckpt.RunState) -> list[float]:
+    """The newest held-out accuracies in the run's log (empty: none measured)."""
+    return next((entry["heldout"] for entry in reversed(run.log) if "heldout" in entry), [])
