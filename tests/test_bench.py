@@ -12,10 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specmlx.bench.report import write_atomic
-from specmlx.bench.run import MLX_LM_PLAIN, NONE, BenchConfig, RowSpec, make_rows, plan, run
+from specmlx.bench.run import MLX_LM_PLAIN, NONE, BenchConfig, RowSpec, make_rows, run
 from specmlx.bench.suites import SUITES, Prompt, Suite, load_prompts_file, load_suite, suite_names
 from specmlx.bench.summary import build_report
 from specmlx.cli import app
+from specmlx.cli.bench import plan
 from specmlx.cli.options import SharedOptions
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import (
     GenerationEvent,
     encode_prompt,
@@ -12,6 +12,7 @@ from specmlx.api.generate import (
     make_policy,
     stream_ids,
 )
+from specmlx.api.models import Models
 from specmlx.engine.cache import Sequence
 from specmlx.engine.stats import Stats
 

@@ -1,24 +1,15 @@
-"""The configuration types of the API: what is loaded (`Models`) and how to generate with it
-(`GenerationConfig`).
-
-They sit in a module of their own so that everything above them (the methods table, the
-session, the server, the bench) can name them without importing how they are used.
+"""How to generate: `GenerationConfig`, in a module of its own (what is loaded is
+`specmlx.api.models.Models`), so that the session, the server, the bench and the CLI can
+name it without importing how it is used.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from specmlx.api.methods import MethodOptions, method, owner_of
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
-
-if TYPE_CHECKING:
-    import mlx.nn as nn
-
-    from specmlx.engine.policy import LearnedCosts
 
 
 @dataclass(frozen=True)
@@ -57,37 +48,3 @@ class GenerationConfig:
             raise UsageError(f"max-k must be at least 1, got {self.max_k}")
         if self.max_tokens < 1:
             raise UsageError(f"max-tokens must be at least 1, got {self.max_tokens}")
-
-
-# Whose measured costs: drafter kind, tree size, sampler, calibrated target and draft call.
-CostKey = tuple[str, int | None, SamplingConfig, float, float | None]
-
-
-@dataclass
-class Models:
-    """A loaded target, its tokenizer, and an optional draft model."""
-
-    target: nn.Module
-    tokenizer: Any  # mlx_lm TokenizerWrapper
-    draft: nn.Module | None = None
-    target_path: Path | None = None
-    draft_path: Path | None = None
-    # Heads trained for this target (`specmlx.heads`), by the method that drafts with them.
-    heads: dict[str, Any] = field(default_factory=dict)
-    # What adaptive k measured of each drafter's costs on this machine, for the next response.
-    learned_costs: dict[CostKey, LearnedCosts] = field(default_factory=dict, repr=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return vocab_rows(self.target)
-
-    @property
-    def context_length(self) -> int | None:
-        args = getattr(self.target, "args", None)
-        return getattr(args, "max_position_embeddings", None)
-
-
-def vocab_rows(model: nn.Module) -> int:
-    """The rows of a model's output layer: its vocabulary, padding included."""
-    args = getattr(model, "args", None)
-    return int(args.vocab_size)

@@ -19,8 +19,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from specmlx.api.config import CostKey, GenerationConfig, Models
+from specmlx.api.config import GenerationConfig
 from specmlx.api.methods import METHODS, Method, MethodOptions, owner_of
+from specmlx.api.models import CostKey, Models
 from specmlx.engine.cache import Sequence
 from specmlx.engine.costs import CostProfile
 from specmlx.engine.decode import Step, decode

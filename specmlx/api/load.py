@@ -9,7 +9,7 @@ from typing import Any
 
 import mlx.nn as nn
 
-from specmlx.api.config import Models
+from specmlx.api.models import Models
 from specmlx.errors import SpecmlxError, UsageError
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from specmlx.errors import UsageError
 
 if TYPE_CHECKING:
-    from specmlx.api.config import Models
+    from specmlx.api.models import Models
     from specmlx.engine.draft import Drafter
     from specmlx.engine.sampling import SamplingConfig
 

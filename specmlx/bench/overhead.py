@@ -26,9 +26,10 @@ import mlx.nn as nn
 from rich.table import Table
 
 from specmlx.api.calibration import CALIBRATION_KS
-from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import make_drafter, make_policy
 from specmlx.api.methods import METHODS, EagleOptions, MedusaOptions
+from specmlx.api.models import Models
 from specmlx.bench.syncs import counting_syncs
 from specmlx.engine.cache import Sequence
 from specmlx.engine.costs import CostProfile, measure_costs

@@ -22,24 +22,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt, make_drafter, make_policy, stream_ids
 from specmlx.api.methods import METHODS, MethodOptions
-from specmlx.bench.suites import Suite, load_prompts_file, load_suite, suite_names
+from specmlx.api.models import Models
+from specmlx.bench.suites import Suite
 from specmlx.engine.cache import Sequence
 from specmlx.engine.decode import Step
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.errors import UsageError
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from specmlx.cli.options import SharedOptions
 
 MLX_LM = "mlx-lm"
 
@@ -157,62 +152,6 @@ class BenchConfig:
         """Whether a row drafts with the draft model (mlx-lm's speculative rows come only
         with a method's that does, so the methods benched decide)."""
         return any(row.needs_draft_model for row in self.rows)
-
-
-def plan(
-    opts: SharedOptions,
-    *,
-    suites: list[str] | None = None,
-    prompts: Path | None = None,
-    limit: int | None = None,
-    methods: list[str] | None = None,
-    ks: list[str] | None = None,
-    mlx_lm: bool = True,
-    mlx_lm_ks: list[int] | None = None,
-    temperatures: list[float] | None = None,
-    repeats: int = 1,
-    warmup: int = 1,
-    seed: int = 0,
-    chat_template: bool = True,
-    plot: Path | None = None,
-    outputs: tuple[Path | None, ...] = (),
-) -> BenchConfig:
-    """The bench command's options as a `BenchConfig`: everything that can be wrong with
-    them fails here, a one-line `UsageError`, before any model loads. None is an option not
-    given: every shipped suite (unless `prompts`), the methods that use a draft model, k = 4,
-    T = 0. `outputs` are the files to write, `plot` among them; None is one not asked for."""
-    # Here, not above: the report imports this module, the options' parser is the CLI's.
-    from specmlx.bench.run import report as bench_report
-    from specmlx.cli.options import parse_ks
-
-    chosen = [load_prompts_file(prompts, limit)] if prompts is not None else []
-    if suites or prompts is None:
-        chosen += [load_suite(name, limit) for name in suite_names(suites or ["all"])]
-    methods = methods or [m.name for m in METHODS.values() if m.needs_draft_model]
-    rows = make_rows(methods, parse_ks(ks or ["4"]), mlx_lm, mlx_lm_ks)
-    if plot is not None:
-        bench_report.require_matplotlib()
-    for path in outputs:
-        if path is not None:
-            bench_report.check_writable(path)
-    used = [METHODS[m] for m in dict.fromkeys(methods)]
-    config = BenchConfig(
-        suites=tuple(chosen),
-        rows=rows,
-        temperatures=tuple(dict.fromkeys(temperatures or [0.0])),
-        top_p=opts.top_p,
-        top_k=opts.top_k,
-        max_tokens=opts.max_tokens,
-        repeats=repeats,
-        warmup=warmup,
-        seed=seed,
-        chat_template=chat_template,
-        options=opts.method_flags.options_among(used),
-    )
-    for temperature in config.temperatures:
-        config.sampling(temperature)  # validates the sampler settings
-    opts.models.check(used)
-    return config
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from specmlx.errors import SpecmlxError, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from specmlx.api.config import GenerationConfig, Models
+    from specmlx.api.config import GenerationConfig
+    from specmlx.api.models import Models
 
 
 @with_options(SharedOptions, max_tokens=512)

@@ -30,6 +30,10 @@ from specmlx.errors import SpecmlxError
 
 KINDS = ("medusa", "eagle", "eagle3")
 
+# The files of a heads folder of ours (`specmlx.heads.store`); published ones name their own.
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
 # The probe: input embeddings of PROBE_IDS ids spread over the vocabulary, first PROBE_DIMS
 # dimensions each (512 floats): enough to tell two models apart, small enough for config.json.
 PROBE_IDS = 16

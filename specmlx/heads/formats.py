@@ -51,8 +51,14 @@ from mlx.utils import tree_flatten
 
 from specmlx.engine.features import backbone
 from specmlx.errors import SpecmlxError
-from specmlx.heads.base import Heads, HeadsConfig, TargetOutput, check_weights, target_vocab
-from specmlx.heads.store import CONFIG_FILE
+from specmlx.heads.base import (
+    CONFIG_FILE,
+    Heads,
+    HeadsConfig,
+    TargetOutput,
+    check_weights,
+    target_vocab,
+)
 
 _MEDUSA_KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)")
 _PICKLES = ("*.bin", "*.pt", "*.pth")

@@ -19,10 +19,15 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from specmlx.errors import SpecmlxError
-from specmlx.heads.base import Heads, HeadsConfig, check_target, check_weights
+from specmlx.heads.base import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    Heads,
+    HeadsConfig,
+    check_target,
+    check_weights,
+)
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 HUB_PATTERNS = ["*.json", "*.safetensors"]
 
 

@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import make_drafter, make_policy, method_of, stream_ids
+from specmlx.api.models import Models
 from specmlx.engine.cache import Sequence
 from specmlx.engine.draft import Drafter
 from specmlx.engine.policy import Policy

