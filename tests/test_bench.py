@@ -5,21 +5,23 @@ from __future__ import annotations
 import csv
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from specmlx.bench.report import write_atomic
 from specmlx.bench.run import MLX_LM_PLAIN, NONE, BenchConfig, RowSpec, make_rows, run
 from specmlx.bench.suites import SUITES, Prompt, Suite, load_prompts_file, load_suite, suite_names
 from specmlx.bench.summary import build_report
 from specmlx.cli import app
 from specmlx.cli.bench import plan
 from specmlx.cli.options import SharedOptions
+from specmlx.engine.costs import CostProfile, acceptance_from_tokens
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
+from specmlx.io.files import write_atomic
 from tests.bench_helpers import by_name, fake_environment, validate
 
 runner = CliRunner()
@@ -56,14 +58,43 @@ def test_end_to_end_cli(tiny_dirs, tmp_path: Path) -> None:
             assert rows == names
     greedy = {s["row"]: s for s in lines if s["temperature"] == 0 and s["suite"] == "all"}
     assert greedy["draft k=2"]["matched"] is True and greedy["draft k=3"]["matched"] is True
-    assert greedy["mlx-lm k=2"]["matched"] is not None
+    # mlx-lm's speculative rows are lossless at T=0 too.
+    assert greedy["mlx-lm k=2"]["matched"] is True and greedy["mlx-lm k=3"]["matched"] is True
     # The two plain baselines agree token for token at T=0.
     assert greedy["mlx-lm plain"]["matched"] is True and greedy["none"]["matched"] is True
     assert greedy["none"]["speedup_vs_none"] == pytest.approx(1.0)
     assert 0 < greedy["none"]["speedup_vs_best_plain"] <= 1.0
-    assert greedy["draft k=2"]["speedup_vs_best_plain"] is not None
-    assert greedy["draft k=2"]["speedup_vs_mlx_lm"] is not None
-    assert greedy["draft k=2"]["predicted_speedup"] is not None
+    # A row's speedups are the medians over prompts of its rate over the baselines' there;
+    # its prediction is the cost model's at the α its tokens per call give.
+    results = [r for r in report["results"] if r["temperature"] == 0]
+    rate = {(r["suite"], r["prompt_id"], r["row"]): r["tokens_per_sec"] for r in results}
+    prompts = sorted({(suite, prompt) for suite, prompt, _ in rate})
+    assert len(prompts) == 4
+
+    def speedups(row: str, *baselines: str) -> float:
+        return statistics.median(
+            rate[(*where, row)] / max(rate[(*where, b)] for b in baselines) for where in prompts
+        )
+
+    draft = greedy["draft k=2"]
+    assert draft["speedup_vs_none"] == pytest.approx(speedups("draft k=2", "none"))
+    best_plain = speedups("draft k=2", "none", "mlx-lm plain")
+    assert draft["speedup_vs_best_plain"] == pytest.approx(best_plain)
+    assert draft["speedup_vs_mlx_lm"] == pytest.approx(speedups("draft k=2", "mlx-lm k=2"))
+    mine = [r for r in results if r["row"] == "draft k=2"]
+    tokens = sum(sum(r["tokens"]) for r in mine)
+    tokens_per_call = tokens / sum(sum(r["target_calls"]) for r in mine)
+    assert draft["tokens_per_call"] == pytest.approx(tokens_per_call)
+    alpha = acceptance_from_tokens(tokens_per_call, 2)
+    assert draft["alpha"] == pytest.approx(alpha)
+    costs = report["costs"]
+    profile = CostProfile(
+        costs["target_call_seconds"],
+        costs["draft_call_seconds"],
+        {int(k): ratio for k, ratio in costs["v"].items()},
+    )
+    assert draft["predicted_speedup"] == pytest.approx(profile.speedup(alpha, 2))
+    assert draft["predicted_speedup"] > 0
     assert len(greedy["draft k=3"]["acceptance_by_position"]) == 3
     sampled = [s for s in lines if s["temperature"] == 1.0]
     assert all(s["matched"] is None for s in sampled)

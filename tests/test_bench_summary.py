@@ -10,9 +10,9 @@ from specmlx.bench.report import markdown, to_csv
 from specmlx.bench.run import MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec
 from specmlx.bench.suites import Prompt, Suite
 from specmlx.bench.summary import Report, SummaryRow, build_report
-from specmlx.engine.decode import Step
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
+from specmlx.engine.step import Step
 from tests.bench_helpers import fake_environment, validate
 
 

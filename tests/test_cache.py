@@ -58,7 +58,7 @@ def test_speculation_past_the_window_equals_plain(tiny_dirs):
     ids = tokenizer.encode(LONG_PROMPT)
     plain = greedy(target, ids, n=30)
     for k in (2, 5):
-        assert greedy(target, ids, DraftModelDrafter(draft, GREEDY, 320), k, 30) == plain
+        assert greedy(target, ids, DraftModelDrafter(draft, 320), k, 30) == plain
 
 
 class QuantizedCacheModel(nn.Module):
@@ -89,9 +89,7 @@ def test_quantized_kv_cache_rewinds(tmp_path):
     assert isinstance(Sequence(target).cache[0], QuantizedKVCache)
     ids = tokenizer.encode(LONG_PROMPT)
     plain = greedy(target, ids)
-    assert (
-        greedy(target, ids, DraftModelDrafter(QuantizedCacheModel(draft), GREEDY, 320), 4) == plain
-    )
+    assert greedy(target, ids, DraftModelDrafter(QuantizedCacheModel(draft), 320), 4) == plain
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +108,8 @@ def test_recurrent_state_is_checkpointed_and_restored(mamba_dirs, tiny_dirs):
     plain = greedy(target, ids)
     for k in (1, 3):
         # The unrelated draft makes rejections, so restores and replays happen.
-        assert greedy(target, ids, DraftModelDrafter(draft, GREEDY, 320), k) == plain
-        assert greedy(target, ids, DraftModelDrafter(target, GREEDY, 320), k) == plain
+        assert greedy(target, ids, DraftModelDrafter(draft, 320), k) == plain
+        assert greedy(target, ids, DraftModelDrafter(target, 320), k) == plain
 
 
 def test_sync_reuses_the_common_prefix(tiny_dirs):

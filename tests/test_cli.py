@@ -303,6 +303,36 @@ def test_stats_line_shows_ttft_and_acceptance_by_position():
     assert "acceptance" not in stats_line(merged, "none")
 
 
+def test_chat_reply_shows_the_whole_stats_line_at_any_width():
+    """The rates wrap under the panel: in its border they were cut at the terminal's width
+    ("… 15 plain steps (s─╯")."""
+    from rich.console import Console
+
+    from specmlx.cli.display import render, stats_line
+    from specmlx.engine.stats import Stats
+
+    stats = Stats(
+        tokens=100,
+        target_calls=40,
+        drafted=90,
+        accepted=60,
+        drafted_by_position=(40, 30, 20),
+        accepted_by_position=(30, 20, 10),
+        plain_steps=15,
+        time_to_first_token=0.012,
+        decode_seconds=1.0,
+    )
+    line = stats_line(stats, "draft")
+    assert len(line) > 100 and line.endswith("GB")
+    for width in (40, 60, 140):
+        console = Console(width=width, record=True)
+        console.print(render("hello there", stats, "draft", note="[stopped]"))
+        shown = console.export_text()
+        assert all(len(row) <= width for row in shown.splitlines())
+        assert " ".join(line.split()) in " ".join(shown.split()), shown  # wrapped, not cut
+        assert "hello there" in shown and "[stopped]" in shown and "assistant" in shown
+
+
 def test_models_view_shows_what_is_fetched():
     from rich.console import Console
 

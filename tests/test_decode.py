@@ -62,14 +62,14 @@ def test_greedy_speculative_equals_plain(llama, k):
     target, tokenizer, draft = llama
     for prompt in PROMPTS:
         plain, _ = run(target, tokenizer, prompt, None, 0)
-        spec, _ = run(target, tokenizer, prompt, DraftModelDrafter(draft, GREEDY, 320), k)
+        spec, _ = run(target, tokenizer, prompt, DraftModelDrafter(draft, 320), k)
         assert spec == plain, prompt
 
 
 def test_self_draft_accepts_everything(llama):
     target, tokenizer, _ = llama
     for prompt in PROMPTS[:5]:
-        _, steps = run(target, tokenizer, prompt, DraftModelDrafter(target, GREEDY, 320), 4)
+        _, steps = run(target, tokenizer, prompt, DraftModelDrafter(target, 320), 4)
         assert sum(s.n_accepted for s in steps) == sum(s.n_drafted for s in steps) > 0
         # Every step but the last, capped by max_tokens, yields k + 1 tokens.
         assert all(len(s.tokens) == 5 for s in steps[:-1])
@@ -80,7 +80,7 @@ def test_unrelated_draft_has_low_acceptance_and_same_output(llama):
     drafted = accepted = 0
     for prompt in PROMPTS:
         plain, _ = run(target, tokenizer, prompt, None, 0)
-        spec, steps = run(target, tokenizer, prompt, DraftModelDrafter(draft, GREEDY, 320), 4)
+        spec, steps = run(target, tokenizer, prompt, DraftModelDrafter(draft, 320), 4)
         assert spec == plain
         drafted += sum(s.n_drafted for s in steps)
         accepted += sum(s.n_accepted for s in steps)
@@ -94,7 +94,7 @@ def test_greedy_equal_on_other_architectures(tiny_dirs, arch):
     for prompt in PROMPTS[:6]:
         plain, _ = run(target, tokenizer, prompt, None, 0, max_tokens=20)
         for k in (1, 3):
-            spec, _ = run(target, tokenizer, prompt, DraftModelDrafter(draft, GREEDY, 320), k, 20)
+            spec, _ = run(target, tokenizer, prompt, DraftModelDrafter(draft, 320), k, 20)
             assert spec == plain, (arch, prompt, k)
 
 
@@ -114,7 +114,7 @@ def test_stop_token_ends_generation_and_max_tokens_is_exact(llama):
         decode(
             Sequence(target),
             ids,
-            DraftModelDrafter(target, GREEDY, 320),
+            DraftModelDrafter(target, 320),
             policy=FixedK(4),
             max_tokens=30,
             sampling=GREEDY,
@@ -124,9 +124,7 @@ def test_stop_token_ends_generation_and_max_tokens_is_exact(llama):
     out = [t for s in steps for t in s.tokens]
     assert out == plain[: first + 1] and steps[-1].finish == "stop"
     for max_tokens in (1, 2, 5, 13):
-        _, steps = run(
-            target, tokenizer, PROMPTS[1], DraftModelDrafter(target, GREEDY, 320), 8, max_tokens
-        )
+        _, steps = run(target, tokenizer, PROMPTS[1], DraftModelDrafter(target, 320), 8, max_tokens)
         assert sum(len(s.tokens) for s in steps) == max_tokens and steps[-1].finish == "length"
 
 
@@ -140,7 +138,7 @@ def test_sampled_speculation_is_reproducible_with_a_seed(llama):
             target,
             tokenizer,
             PROMPTS[2],
-            DraftModelDrafter(draft, sampling, 320),
+            DraftModelDrafter(draft, 320),
             4,
             sampling=sampling,
         )
@@ -160,7 +158,7 @@ def test_adaptive_k_keeps_greedy_output(llama):
         ids = tokenizer.encode(prompt)
         plain, _ = run(target, tokenizer, prompt, None, 0)
         for model in (draft, target):
-            drafter = DraftModelDrafter(model, GREEDY, 320)
+            drafter = DraftModelDrafter(model, 320)
             policy = AdaptiveK(profile, drafter.traits)
             steps = list(
                 decode(
@@ -177,7 +175,7 @@ def test_p_min_stops_drafting_early_and_keeps_output(llama):
     target, tokenizer, _ = llama
     ids = tokenizer.encode(PROMPTS[1])
     plain, _ = run(target, tokenizer, PROMPTS[1], None, 0)
-    drafter = DraftModelDrafter(target, GREEDY, 320)
+    drafter = DraftModelDrafter(target, 320)
     _, full = run(target, tokenizer, PROMPTS[1], drafter, 6, p_min=0.0)
     out, short = run(target, tokenizer, PROMPTS[1], drafter, 6, p_min=0.999)
     assert out == plain and ids

@@ -104,7 +104,7 @@ def test_speculative_sampling_keeps_target_distribution(models, sampling):
     target, close_draft, _, tokenizer = models
     ids = tokenizer.encode(PROMPT)
     joint = exact_joint(target, ids, sampling)
-    drafter = DraftModelDrafter(close_draft, sampling, target.args.vocab_size)
+    drafter = DraftModelDrafter(close_draft, target.args.vocab_size)
     # k=2 over three tokens: the first two come from drafts, residuals and bonus tokens.
     pairs = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
     assert chi2_pvalue(pairs, joint) > 0.01
@@ -114,7 +114,7 @@ def test_unrelated_draft_keeps_target_distribution(models):
     target, _, unrelated, tokenizer = models
     sampling = SamplingConfig(temperature=1.0)
     ids = tokenizer.encode(PROMPT)
-    drafter = DraftModelDrafter(unrelated, sampling, target.args.vocab_size)
+    drafter = DraftModelDrafter(unrelated, target.args.vocab_size)
     pairs = sample_pairs(target, drafter, ids, sampling, k=1, max_tokens=2)
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) > 0.01
 
@@ -147,6 +147,6 @@ def test_broken_residual_is_detected(models, monkeypatch):
 
     monkeypatch.setattr("specmlx.engine.decode.rejection_verify", broken)
     ids = tokenizer.encode(PROMPT)
-    drafter = DraftModelDrafter(close_draft, sampling, target.args.vocab_size)
+    drafter = DraftModelDrafter(close_draft, target.args.vocab_size)
     pairs = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) < 0.01

@@ -92,7 +92,7 @@ def test_lookahead_tree_mask_is_the_hand_built_one():
     drafter = LookaheadDrafter(window=3, ngram=3, guesses=2)
     drafter.levels = [[0, 11, 12], [20, 21, 22]]  # level 0 (its [0] becomes last), level 1
     drafter.pool = {7: {(30, 31): None}}
-    draft = drafter.propose([5, 7], k=4)
+    draft = drafter.propose([5, 7], 4, SamplingConfig())
     # Nodes: 0 last=7 | 1 c1=30 | 2 c2=31 | 3 L0_1=11 | 4 L0_2=12 | 5 L1_0=20 | 6 L1_1=21
     # | 7 L1_2=22. Column i is [last, L0_1..L0_i, L1_i].
     assert draft.tokens.tolist() == [30, 31, 11, 12, 20, 21, 22]

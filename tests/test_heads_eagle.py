@@ -14,11 +14,11 @@ from mlx.utils import tree_flatten, tree_map
 from specmlx.drafters.eagle import EagleDrafter, best_tree_size
 from specmlx.engine.cache import Sequence
 from specmlx.engine.decode import decode
-from specmlx.engine.draft import Verdict
 from specmlx.engine.features import FeatureSpec
 from specmlx.engine.policy import FixedK
 from specmlx.engine.policy.base import Plan
 from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Verdict
 from specmlx.engine.tree import TreeBuilder
 from specmlx.heads.base import HeadsConfig, target_vocab
 from specmlx.heads.eagle import EagleHead
@@ -174,7 +174,7 @@ def test_a_draft_vocabulary_subset_maps_back_to_target_ids(family):
     target.capture(drafter.traits.features)
     target.sync(ids)
     drafter.prefill(ids, target)
-    draft = drafter.propose(ids, 3)
+    draft = drafter.propose(ids, 3, SamplingConfig())
     assert set(draft.tokens.tolist()) <= set(d2t.tolist()) and draft.size == 15
     assert generate(model, ids, drafter, FixedK(3))[0] == generate(model, ids, None, FixedK(0))[0]
 
@@ -231,7 +231,7 @@ def test_the_draft_cache_holds_exactly_the_confirmed_positions(family):
     target.sync(proposed_at)
     fresh = EagleDrafter(head, tree_size=16, depth=3, width=4)
     fresh.prefill(proposed_at, target)
-    fresh.propose(proposed_at, 3)
+    fresh.propose(proposed_at, 3, SamplingConfig())
     fresh.commit(Verdict([]))
     n = len(proposed_at) - 1
     assert fresh.cache[0].offset == n
@@ -294,6 +294,6 @@ def test_a_drafter_with_costs_sizes_its_trees(family):
         target.capture(drafter.traits.features)
         target.sync(ids)
         drafter.prefill(ids, target)
-        sizes[name] = drafter.propose(ids, 3).size
+        sizes[name] = drafter.propose(ids, 3, SamplingConfig()).size
         drafter.commit(Verdict([]))
     assert sizes == {"free": 15, "dear": 0}

@@ -23,7 +23,7 @@ import uvicorn
 import specmlx
 from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt
-from specmlx.server import engine as engine_module
+from specmlx.api.session import Session
 from specmlx.server.app import create_app
 from specmlx.server.engine import Engine, Record
 from specmlx.server.stops import StopText
@@ -253,11 +253,11 @@ def test_seeded_sampling_repeats(served):
 
 def _gated(monkeypatch, gate: threading.Event, delay: float = 0.0) -> None:
     """Make each generation wait for `gate`, then take `delay` per step."""
-    original = engine_module.stream_ids
+    original = Session.stream
 
-    def slow(*args, **kwargs):
+    def slow(self, *args, **kwargs):
         gate.wait(30)
-        events = original(*args, **kwargs)
+        events = original(self, *args, **kwargs)
         try:
             for event in events:
                 time.sleep(delay)
@@ -265,7 +265,7 @@ def _gated(monkeypatch, gate: threading.Event, delay: float = 0.0) -> None:
         finally:
             events.close()
 
-    monkeypatch.setattr(engine_module, "stream_ids", slow)
+    monkeypatch.setattr(Session, "stream", slow)
 
 
 def test_queue_overflow_is_429(models, monkeypatch):
@@ -315,6 +315,39 @@ def test_disconnect_mid_stream_frees_the_server(models, monkeypatch):
         assert cancelled.finish == "cancelled" and cancelled.completion_tokens < 100
 
 
+def test_disconnect_before_a_plain_reply_frees_the_server(models, monkeypatch):
+    """A non-streaming client that hangs up cancels its job: the job ends before its first
+    token is sent, and the next request is served right after it. The generation is held at
+    the gate until the server has seen the disconnect, so nothing here depends on timing."""
+    want = expected(models, "hi", max_tokens=4)
+    gate = threading.Event()
+    _gated(monkeypatch, gate)
+    with running(models) as s:
+        payload = json.dumps({"prompt": "hi", "max_tokens": 400}).encode()
+        head = (
+            "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        url = httpx.URL(s.url)
+        with socket.create_connection((url.host, url.port)) as client:
+            client.sendall(head.encode() + payload)
+            deadline = time.monotonic() + 20
+            while not s.engine.busy:  # the job runs, held at the gate ...
+                assert time.monotonic() < deadline, "the request never started"
+                time.sleep(0.01)
+            with s.engine._lock:
+                (job,) = s.engine._live
+        # ... and its client hangs up.
+        assert job.cancelled.wait(20), "the server did not cancel the abandoned job"
+        gate.set()
+        reply = httpx.post(f"{s.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4})
+        assert reply.status_code == 200
+        assert reply.json()["choices"][0]["text"] == want.text
+        cancelled = s.records[0]  # logged before the worker took the next job
+        assert cancelled.request_id == job.request_id and cancelled.finish == "cancelled"
+        assert cancelled.completion_tokens < 400
+
+
 def test_errors_are_openai_shaped(served, models, monkeypatch):
     url = f"{served.url}/v1/chat/completions"
     bad_json = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
@@ -346,9 +379,9 @@ def test_errors_are_openai_shaped(served, models, monkeypatch):
 def test_internal_failure_is_500_and_the_next_request_is_served(served, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
-        yield  # a generator, as stream_ids is
+        yield  # a generator, as Session.stream is
 
-    monkeypatch.setattr(engine_module, "stream_ids", broken)
+    monkeypatch.setattr(Session, "stream", broken)
     client = served.client()
     with pytest.raises(openai.InternalServerError) as failure:
         client.completions.create(model=MODEL, prompt="hi", max_tokens=4)
@@ -392,7 +425,7 @@ def test_shutdown_ends_open_streams_and_the_worker(models, monkeypatch):
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_heads_serve_what_generate_gives(models, method):
     from specmlx.api.methods import EagleOptions, MedusaOptions
-    from specmlx.bench.overhead import tiny_heads
+    from specmlx.testing import tiny_heads
 
     with_heads = replace(models, heads=tiny_heads(models.target, seed=5))
     options = {"medusa": MedusaOptions(tree_size=8), "eagle": EagleOptions(tree_size=8)}[method]

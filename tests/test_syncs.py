@@ -61,7 +61,7 @@ def test_one_sync_per_step_at_a_fixed_k(llama, method, sampling):
     target, tokenizer, draft = llama
     drafter = {
         "none": lambda: None,
-        "draft": lambda: DraftModelDrafter(draft, sampling, 320),
+        "draft": lambda: DraftModelDrafter(draft, 320),
         "ngram": lambda: NgramDrafter(1, 3),
         "lookahead": lambda: LookaheadDrafter(3, 3, 3),
     }[method]()
@@ -79,7 +79,7 @@ def test_one_sync_per_step_at_a_fixed_k(llama, method, sampling):
 def test_the_confidence_stop_rule_syncs_at_most_once_per_drafted_token(llama):
     target, tokenizer, draft = llama
     profile = CostProfile(1.0, 0.001, {k: 1.0 for k in range(1, 17)})
-    drafter = DraftModelDrafter(draft, GREEDY, 320)
+    drafter = DraftModelDrafter(draft, 320)
     policy = AdaptiveK(profile, drafter.traits)
     counts, drafted = syncs_per_step(target, tokenizer.encode(PROMPTS[1]), drafter, policy, GREEDY)
     assert any(drafted)
@@ -90,9 +90,9 @@ def test_the_confidence_stop_rule_syncs_at_most_once_per_drafted_token(llama):
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])
 def test_heads_sync_once_to_read_their_tree_and_once_to_verify(llama, method):
-    from specmlx.bench.overhead import tiny_heads
     from specmlx.drafters.eagle import EagleDrafter
     from specmlx.drafters.medusa import MedusaDrafter
+    from specmlx.testing import tiny_heads
 
     target, tokenizer, _ = llama
     heads = tiny_heads(target, seed=3)[method]

@@ -1,15 +1,21 @@
 """Loading: resolve model references, load the target, its draft model and its heads, and
-check that they belong together.
+check that they belong together. `load_for` is what the commands call (generate, chat,
+calibrate and serve alike): the models a config needs, ready to generate with.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
 
+from specmlx.api.config import GenerationConfig
+from specmlx.api.methods import METHODS
 from specmlx.api.models import Models
+from specmlx.api.session import method_of
 from specmlx.errors import SpecmlxError, UsageError
 
 
@@ -85,3 +91,34 @@ def check_compatible(target_tokenizer: Any, draft_tokenizer: Any) -> None:
         t, d = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
         if t != d:
             raise SpecmlxError(f"draft and target tokenizers differ: {name} is {t} vs {d}")
+
+
+def _silent(message: str) -> AbstractContextManager[Any]:
+    return nullcontext()
+
+
+def load_for(
+    config: GenerationConfig,
+    target: str | None = None,
+    draft: str | None = None,
+    heads: list[str] | None = None,
+    *,
+    stage: Callable[[str], AbstractContextManager[Any]] = _silent,
+) -> Models:
+    """Load the models `config` generates with, then, for adaptive k, this device's call
+    costs (measured once per device and pair, then read from the cache). `stage(message)`
+    wraps each slow part (the CLI shows a spinner).
+
+    Without a method, heads given draft: the registry pair's draft model stays unloaded.
+    """
+    named = METHODS[config.method] if config.method is not None else None
+    default_draft = named.needs_draft_model if named is not None else not heads
+    with stage("loading models…"):
+        models = load(target, draft, heads=heads, default_draft=default_draft)
+    used = method_of(models, config)
+    if config.k is None and used.name != "none":
+        from specmlx.api.calibration import load_or_measure
+
+        with stage("calibrating call costs for adaptive k (once per device and pair)…"):
+            load_or_measure(models, used.needs_draft_model)
+    return models

@@ -16,8 +16,7 @@ from specmlx.errors import UsageError
 
 if TYPE_CHECKING:
     from specmlx.api.models import Models
-    from specmlx.engine.draft import Drafter
-    from specmlx.engine.sampling import SamplingConfig
+    from specmlx.engine.step import Drafter
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ MAX_TREE = 64
 MethodOptions = (
     NoOptions | DraftOptions | NgramOptions | LookaheadOptions | MedusaOptions | EagleOptions
 )
-Builder = Callable[["Models", Any, "SamplingConfig"], "Drafter | None"]
+Builder = Callable[["Models", Any], "Drafter | None"]
 
 
 @dataclass(frozen=True)
@@ -116,25 +115,25 @@ class Method:
         return {f.name: getattr(options, f.name) for f in fields(options)}
 
 
-def _none(models: Models, options: NoOptions, sampling: SamplingConfig) -> None:
+def _none(models: Models, options: NoOptions) -> None:
     return None
 
 
-def _draft(models: Models, options: DraftOptions, sampling: SamplingConfig) -> Drafter:
+def _draft(models: Models, options: DraftOptions) -> Drafter:
     from specmlx.drafters.draft_model import DraftModelDrafter
 
     if models.draft is None:
         raise UsageError("--method draft needs a draft model (--draft)")
-    return DraftModelDrafter(models.draft, sampling, models.vocab_size)
+    return DraftModelDrafter(models.draft, models.vocab_size)
 
 
-def _ngram(models: Models, options: NgramOptions, sampling: SamplingConfig) -> Drafter:
+def _ngram(models: Models, options: NgramOptions) -> Drafter:
     from specmlx.drafters.ngram import NgramDrafter
 
     return NgramDrafter(options.min_n, options.max_n)
 
 
-def _lookahead(models: Models, options: LookaheadOptions, sampling: SamplingConfig) -> Drafter:
+def _lookahead(models: Models, options: LookaheadOptions) -> Drafter:
     from specmlx.drafters.lookahead import LookaheadDrafter
 
     return LookaheadDrafter(options.window, options.ngram, options.guesses)
@@ -147,7 +146,7 @@ def _heads(models: Models, name: str) -> Any:
     return models.heads[name]
 
 
-def _medusa(models: Models, options: MedusaOptions, sampling: SamplingConfig) -> Drafter:
+def _medusa(models: Models, options: MedusaOptions) -> Drafter:
     from specmlx.drafters.medusa import MedusaDrafter
 
     heads = _heads(models, "medusa")
@@ -156,7 +155,7 @@ def _medusa(models: Models, options: MedusaOptions, sampling: SamplingConfig) ->
     return MedusaDrafter(heads, MAX_TREE, options.width, verify_cost=_verify_cost(models))
 
 
-def _eagle(models: Models, options: EagleOptions, sampling: SamplingConfig) -> Drafter:
+def _eagle(models: Models, options: EagleOptions) -> Drafter:
     from specmlx.drafters.eagle import EagleDrafter
 
     head = _heads(models, "eagle")

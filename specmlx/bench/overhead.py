@@ -2,8 +2,8 @@
 
 `measure_overhead` runs every method (the target alone, the draft model, prompt lookup,
 lookahead, Medusa and EAGLE heads) at each k asked for, fixed or adaptive, through the one
-loop (`specmlx.engine.decode.decode`) on tiny random-weight llamas built in-process (hidden 64, 2
-layers, a vocabulary of 512; the draft model is a second one, other weights, same
+loop (`specmlx.engine.decode.decode`) on tiny random-weight llamas built in-process (`specmlx.testing.tiny_models`: hidden 64,
+2 layers, a vocabulary of 512; the draft model is a second one, other weights, same
 vocabulary; the heads have small random weights, their trees a fixed 32 nodes). Their calls take a fraction of a millisecond, so what a step costs here is
 what specmlx adds around the calls: drafting logic, verification, rewinds, the policy.
 No tokenizer is involved: the loop takes token ids, and nothing stops a generation early.
@@ -21,19 +21,16 @@ import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-import mlx.core as mx
-import mlx.nn as nn
 from rich.table import Table
 
 from specmlx.api.calibration import CALIBRATION_KS
 from specmlx.api.config import GenerationConfig
-from specmlx.api.generate import make_drafter, make_policy
 from specmlx.api.methods import METHODS, EagleOptions, MedusaOptions
 from specmlx.api.models import Models
+from specmlx.api.session import Session
 from specmlx.bench.syncs import counting_syncs
-from specmlx.engine.cache import Sequence
 from specmlx.engine.costs import CostProfile, measure_costs
-from specmlx.engine.decode import decode
+from specmlx.testing import tiny_models
 
 
 @dataclass(frozen=True)
@@ -53,66 +50,6 @@ class OverheadRow:
         if self.method == "none":
             return "none"
         return f"{self.method} k={'auto' if self.k is None else self.k}"
-
-
-def tiny_llama(vocab_size: int = 512, seed: int = 0) -> nn.Module:
-    """A random-weight llama small enough that its calls cost next to nothing."""
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        vocab_size=vocab_size,
-        tie_word_embeddings=False,
-    )
-    mx.random.seed(seed)
-    model = llama.Model(args)
-    mx.eval(model.parameters())
-    return model
-
-
-def tiny_models(vocab_size: int = 512, seed: int = 0) -> Models:
-    """A tiny target, a tiny draft model of the same vocabulary and random heads for the
-    target; no tokenizer."""
-    target = tiny_llama(vocab_size, seed)
-    return Models(
-        target=target,
-        tokenizer=None,
-        draft=tiny_llama(vocab_size, seed + 1),
-        heads=tiny_heads(target, seed + 2),
-    )
-
-
-def tiny_heads(target: nn.Module, seed: int) -> dict[str, nn.Module]:
-    """Medusa heads and an EAGLE head for `target`, with small random trained weights."""
-    from dataclasses import asdict
-
-    from mlx.utils import tree_flatten, tree_map
-
-    from specmlx.heads import HeadsConfig
-    from specmlx.heads.eagle import EagleHead
-    from specmlx.heads.medusa import MedusaHeads
-
-    sizes = dict(
-        hidden_size=target.args.hidden_size,
-        target_vocab=target.args.vocab_size,
-        draft_vocab=target.args.vocab_size,
-    )
-    medusa = MedusaHeads.create(HeadsConfig(kind="medusa", **sizes), target)
-    eagle = EagleHead.create(
-        HeadsConfig(kind="eagle", target_args=asdict(target.args), **sizes), target
-    )
-    mx.random.seed(seed)
-    for heads in (medusa, eagle):
-        weights = heads.trainable_parameters()
-        heads.update(tree_map(lambda w: 0.05 * mx.random.normal(w.shape), weights))
-        mx.eval(tree_flatten(heads.trainable_parameters()))
-    return {"medusa": medusa, "eagle": eagle}
 
 
 def measure_overhead(
@@ -154,17 +91,8 @@ def measure_overhead(
 
 
 def _run(models: Models, config: GenerationConfig, prompt: list[int], profile: CostProfile):
-    """One generation's steps, lazily (the caller times and counts them)."""
-    drafter = make_drafter(models, config)
-    policy = make_policy(models, config, drafter, profile)
-    return decode(
-        Sequence(models.target),
-        prompt,
-        drafter,
-        policy=policy,
-        max_tokens=config.max_tokens,
-        sampling=config.sampling,
-    )
+    """One generation's steps, lazily (the caller times and counts them), from fresh caches."""
+    return Session(models, config, profile).steps(prompt)
 
 
 def _measure(

@@ -1,8 +1,9 @@
 """Render a benchmark report: the Rich header and table, JSON, CSV, Markdown and a plot.
 
 Nothing here measures anything. `as_data` is the report as plain data, the JSON output
-(data/bench.schema.json): a row appears as its display name with its method and k. Files are written atomically (a temporary file in the same
-folder, then a rename), so an interrupted run never leaves half a file behind.
+(data/bench.schema.json): a row appears as its display name with its method and k. The
+CLI writes them with `specmlx.io.files.write_atomic`, so an interrupted run never leaves
+half a file behind.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import csv
 import io
 import json
 import os
-import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
@@ -216,22 +216,6 @@ def check_writable(path: Path) -> None:
         raise UsageError(f"cannot write {path}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK) or path.is_dir():
         raise UsageError(f"cannot write {path}")
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write through a temporary file in the same folder and rename it into place."""
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an ordinary file would not be
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def plot_png(report: Report) -> bytes:

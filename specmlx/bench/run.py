@@ -26,14 +26,14 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 
 from specmlx.api.config import GenerationConfig
-from specmlx.api.generate import encode_prompt, make_drafter, make_policy, stream_ids
+from specmlx.api.generate import encode_prompt
 from specmlx.api.methods import METHODS, MethodOptions
 from specmlx.api.models import Models
+from specmlx.api.session import Session
 from specmlx.bench.suites import Suite
-from specmlx.engine.cache import Sequence
-from specmlx.engine.decode import Step
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
+from specmlx.engine.step import Step
 from specmlx.errors import UsageError
 
 MLX_LM = "mlx-lm"
@@ -229,17 +229,20 @@ def run_row(
     mx.clear_cache()
     if row.method == MLX_LM:
         return _run_mlx_lm(models, row, prompt_ids, max_tokens, sampling)
-    k = None if row.k is None else max(row.k, 1)
+    # The target alone's k of 0 is no draft length: its session builds no drafter.
     config = GenerationConfig(
-        method=row.method, options=options, k=k, max_tokens=max_tokens, sampling=sampling
+        method=row.method,
+        options=options,
+        k=row.k or None,
+        max_tokens=max_tokens,
+        sampling=sampling,
     )
-    drafter = make_drafter(models, config)
-    policy = make_policy(models, config, drafter)  # calibrates on first use, before the clock
+    session = Session(models, config)  # calibrates on first use, before the clock
     tokens: list[int] = []
     steps: list[Step] = []
     first_tokens, first_time, stats = 0, 0.0, None
     start = time.perf_counter()
-    for event in stream_ids(models, Sequence(models.target), drafter, prompt_ids, config, policy):
+    for event in session.stream(prompt_ids):
         tokens.extend(event.token_ids)
         stats = event.stats
         if not first_time:

@@ -89,6 +89,7 @@ def bench(
         return
 
     from specmlx.bench import report as bench_report
+    from specmlx.io.files import write_atomic
 
     config = plan(
         opts,
@@ -144,7 +145,7 @@ def bench(
     }
     for path, writer in writers.items():
         if path is not None:
-            bench_report.write_atomic(path, writer(report))
+            write_atomic(path, writer(report))
             err.print(f"wrote {path}")
 
 

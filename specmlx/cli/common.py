@@ -42,24 +42,11 @@ def handles_errors(command: F) -> F:
 
 
 def load_models(refs: ModelRefs, config: GenerationConfig) -> Models:
-    """Check the models against the method, then load them (spinner on stderr)."""
+    """Check the models given against the method, then load them (spinner on stderr)."""
     from rich.console import Console
 
-    from specmlx.api.generate import method_of
-    from specmlx.api.load import load
+    from specmlx.api.load import load_for
 
-    named = [METHODS[config.method]] if config.method is not None else []
-    refs.check(named)
+    refs.check([METHODS[config.method]] if config.method is not None else [])
     err = Console(stderr=True)
-    with err.status("loading models…"):
-        # With heads and no method, the heads draft: the pair's draft model stays unloaded.
-        default_draft = named[0].needs_draft_model if named else not refs.heads
-        models = load(refs.target, refs.draft, heads=refs.heads, default_draft=default_draft)
-    used = method_of(models, config)
-    if config.k is None and used.name != "none":
-        from specmlx.api.calibration import load_or_measure
-
-        # Adaptive k needs this device's call costs: measured once, then read from the cache.
-        with err.status("calibrating call costs for adaptive k (once per device and pair)…"):
-            load_or_measure(models, used.needs_draft_model)
-    return models
+    return load_for(config, refs.target, refs.draft, refs.heads, stage=err.status)

@@ -58,15 +58,15 @@ def stats_line(stats: Stats, method: str) -> str:
     return f"[{method}] " + " · ".join(parts)
 
 
-def render(text: str, stats: Stats | None, method: str, note: str = "") -> Panel:
-    """The chat reply panel: streaming text, live rates in the subtitle."""
-    subtitle = Text(stats_line(stats, method) if stats is not None else "…")
+def render(text: str, stats: Stats | None, method: str, note: str = "") -> Group:
+    """The chat reply panel (streaming text), the live rates under it: a line in the
+    panel's border would be cut at the terminal's width, this one wraps instead."""
     body: Text | Group = Text(text)
     if note:
         body = Group(Text(text), Text(note, style="dim italic"))
-    return Panel(
-        body, title="assistant", title_align="left", subtitle=subtitle, subtitle_align="right"
-    )
+    line = stats_line(stats, method) if stats is not None else "…"
+    rates = Text(line, style="dim", justify="right")
+    return Group(Panel(body, title="assistant", title_align="left"), rates)
 
 
 @contextmanager

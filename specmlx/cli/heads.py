@@ -16,8 +16,11 @@ from typing import Annotated
 import typer
 
 from specmlx.errors import UsageError
+from specmlx.heads.kinds import KINDS, TRAINABLE, trainable_kind
 
-KINDS = ("medusa", "eagle")
+KIND_HELP = f"The kind of heads: {' or '.join(TRAINABLE)}."
+_DEFAULT_LRS = ", ".join(f"{KINDS[name].train_lr:g} {name}" for name in TRAINABLE)
+LR_HELP = f"Peak learning rate. Default: {_DEFAULT_LRS}."
 # What heads trained before a setting existed were trained with.
 LEGACY_SETTINGS = {"holdout": 0, "feature_noise": 0.0, "answers_only": False}
 
@@ -30,7 +33,7 @@ def train_heads(
             help="The target: folder, .gguf, alias or Hugging Face id. Default: the pair's."
         ),
     ] = None,
-    kind: Annotated[str, typer.Option(help="medusa or eagle.")] = "medusa",
+    kind: Annotated[str, typer.Option(help=KIND_HELP)] = "medusa",
     data: Annotated[
         Path | None,
         typer.Option(help="Where the target's features are cached. Default: OUT.data beside OUT."),
@@ -67,9 +70,7 @@ def train_heads(
     epochs: Annotated[float, typer.Option(help="Epochs, when --steps is not given.")] = 1.0,
     seq_len: Annotated[int, typer.Option(help="Positions per training window.")] = 256,
     batch_tokens: Annotated[int, typer.Option(help="Positions per step.")] = 1024,
-    lr: Annotated[
-        float | None, typer.Option(help="Peak learning rate. Default: 1e-3 medusa, 3e-4 eagle.")
-    ] = None,
+    lr: Annotated[float | None, typer.Option(help=LR_HELP)] = None,
     warmup: Annotated[int, typer.Option(help="Warm-up steps before the cosine decay.")] = 20,
     draft_vocab: Annotated[
         int, typer.Option(help="Heads score the N most frequent tokens of the data; 0: all.")
@@ -97,8 +98,7 @@ def train_heads(
 
     Resumable: rerun the same command after Ctrl-C and it goes on where it stopped.
     """
-    if kind not in KINDS:
-        raise UsageError(f"kind must be medusa or eagle, got {kind!r}")
+    trainable_kind(kind)
     if not self_distill and not files:
         raise UsageError("nothing to train on: give --files, or keep --self-distill")
     for path in files or []:
@@ -152,11 +152,9 @@ def train_heads(
         return
     with err.status("loading the target…"):
         models = load(target, default_draft=False)
-    if kind == "eagle":
-        from specmlx.heads.eagle import decoder_layer
-        from specmlx.training.train import target_args
+    from specmlx.training.train import check_buildable
 
-        decoder_layer(target_args(models))  # a family EAGLE can copy a layer of, or one line
+    check_buildable(models, config)  # before hours of generating and caching
     corpus, texts = None, None
     if self_distill:
         texts = _read_prompts(prompts) if prompts is not None else None
@@ -250,8 +248,8 @@ def draft_vocab_report(
     from rich.console import Console
 
     from specmlx.api.load import load
-    from specmlx.bench.report import write_atomic
     from specmlx.heads.base import target_vocab
+    from specmlx.io.files import write_atomic
     from specmlx.training.vocab import report_markdown, rows_json, vocab_report
 
     err = Console(stderr=True, highlight=False)

@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from specmlx.cli.common import load_models
 from specmlx.cli.options import KOpt, MethodOpt, SeedOpt, SharedOptions, with_options
 from specmlx.errors import SpecmlxError, UsageError
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
-    from specmlx.api.config import GenerationConfig
-    from specmlx.api.models import Models
+    pass
 
 
 @with_options(SharedOptions, max_tokens=512)
@@ -63,7 +61,7 @@ def serve(
     import uvicorn
     from rich.console import Console
 
-    from specmlx.api.generate import method_settings
+    from specmlx.api.session import method_settings
     from specmlx.server.app import create_app, request_logger
     from specmlx.server.engine import Engine
 
@@ -81,7 +79,7 @@ def serve(
         sock = uvicorn_config.bind_socket()
     except SystemExit:  # uvicorn's answer to a failed bind, after logging why
         raise SpecmlxError(f"could not listen on {host}:{port} (in use, or not allowed)") from None
-    models = _load(err, opts, config)
+    models = load_models(opts.models, config)
     engine = Engine(models, config, max_queue, log=None if quiet else request_logger(err))
     path = models.target_path
     model_id = opts.models.target or (path.name if path else "specmlx")
@@ -105,29 +103,3 @@ def serve(
     if not quiet:
         err.print("stopped")
     sys.stderr.flush()
-
-
-def _load(err: Console, opts: SharedOptions, config: GenerationConfig) -> Models:
-    """Check the models against the method, load them, calibrate adaptive k if needed."""
-    from specmlx.api.generate import method_of
-    from specmlx.api.load import load
-    from specmlx.api.methods import METHODS
-
-    named = [METHODS[config.method]] if config.method is not None else []
-    opts.models.check(named)
-    with err.status("loading models…"):
-        # With heads and no method, the heads draft: the pair's draft model stays unloaded.
-        default_draft = named[0].needs_draft_model if named else not opts.models.heads
-        models = load(
-            opts.models.target,
-            opts.models.draft,
-            heads=opts.models.heads,
-            default_draft=default_draft,
-        )
-    used = method_of(models, config)
-    if config.k is None and used.name != "none":
-        from specmlx.api.calibration import load_or_measure
-
-        with err.status("calibrating call costs for adaptive k (once per device and pair)…"):
-            load_or_measure(models, used.needs_draft_model)
-    return models

@@ -1,4 +1,4 @@
-"""The drafters floor: one file per drafting strategy, each a `specmlx.engine.draft.Drafter`.
+"""The drafters floor: one file per drafting strategy, each a `specmlx.engine.step.Drafter`.
 
 `draft_model` (a small model of the same tokenizer), `ngram` (prompt lookup), `lookahead`
 (Jacobi iteration), `medusa` and `eagle` (trees from the heads in `specmlx.heads`). A

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import mlx.core as mx
 
 from specmlx.engine.cache import PREFILL_STEP, common_prefix
-from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.engine.features import FeatureSpec
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.engine.tree import TreeBuilder
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig
@@ -129,6 +130,7 @@ class EagleDrafter:
             tree_size=tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
             features=FeatureSpec(head.config.feature_layers),
+            max_depth=depth,  # the tree's levels
         )
 
     def prefill(self, context: list[int], target: TargetSequence) -> None:
@@ -143,15 +145,17 @@ class EagleDrafter:
             self._feed(context, min(self.n_consumed + PREFILL_STEP, end))
             mx.eval(self.cache[0].state)
 
-    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
-        """A tree of at most tree_size nodes, min(depth, k) levels deep. One host sync."""
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
+    ) -> Draft:
+        """A tree of at most tree_size nodes, k levels deep. One host sync."""
         assert self.target is not None, "propose before prefill"
         assert len(self.target.tokens) == len(context) - 1, "the target must hold context[:-1]"
         if len(context) < 2:
             return Draft(mx.array([], mx.uint32))  # no hidden state yet: a plain step
         self._reuse(context)
         root = self._feed(context, len(context) - 1)[-1:]  # predicts the token after `last`
-        ids, scores, parents = self._grow(root, min(self.depth, k))
+        ids, scores, parents = self._grow(root, k)  # k <= depth: the loop's cap
         host = mx.concatenate(
             [self._target_ids(ids).astype(mx.float32), scores, parents.astype(mx.float32)]
         ).tolist()  # the proposal's one sync; token ids below 2**24 are exact in float32

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.engine.tree import TreeBuilder
 
 if TYPE_CHECKING:
@@ -43,8 +44,12 @@ class LookaheadDrafter:
         self.levels: list[list[int]] = []  # (N-1) x W guessed tokens; levels[0][0] = last
         self.pool: dict[int, OrderedDict[tuple[int, ...], None]] = {}
         self._last_level_nodes: list[int] = []
+        # Its Jacobi iteration reads the target's greedy token at every column's last level.
         self.traits = DrafterTraits(
-            "lookahead", tree_size=self.tree_size, prior_acceptance=self.PRIOR_ACCEPTANCE
+            "lookahead",
+            tree_size=self.tree_size,
+            prior_acceptance=self.PRIOR_ACCEPTANCE,
+            reads_target_tokens=True,
         )
 
     @property
@@ -61,7 +66,9 @@ class LookaheadDrafter:
             for _ in range(self.ngram - 1)
         ]
 
-    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
+    ) -> Draft:
         last = context[-1]
         self.levels[0][0] = last
         builder = TreeBuilder()

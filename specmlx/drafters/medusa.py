@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from specmlx.drafters.eagle import best_tree_size
-from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.engine.features import FeatureSpec
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Draft, DrafterTraits, StopRule, Verdict
 from specmlx.engine.tree import Tree, TreeBuilder
 from specmlx.errors import UsageError
 from specmlx.heads.medusa import MedusaHeads
@@ -61,24 +62,27 @@ class MedusaDrafter:
             tree_size=tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
             features=FeatureSpec(heads.config.feature_layers),
+            max_depth=heads.config.num_heads,  # head i drafts the token i + 1 ahead
         )
         self._target: Sequence | None = None
 
     def prefill(self, context: list[int], target: Sequence) -> None:
         self._target = target  # its newest feature row is read at every proposal
 
-    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
+    ) -> Draft:
         target = self._target
         assert target is not None, "propose before prefill"
         n_cached = len(target.tokens)
         assert n_cached == len(context) - 1, "the target must hold the context but its last token"
-        depth = min(k, self.heads.config.num_heads)
-        if depth < 1 or n_cached == 0:
+        if n_cached == 0:
             return Draft(mx.array([], mx.uint32), tree=Tree(()))  # nothing to read: plain step
         newest = target.feature_rows(n_cached - 1)[0]  # (F,) it predicted context[-1]
-        ids, probs = self.heads.top_candidates(newest, self.width, depth)  # (depth, width)
+        # k <= num_heads: the loop caps it (`traits.max_depth`).
+        ids, probs = self.heads.top_candidates(newest, self.width, k)  # (k, width)
         host = mx.concatenate([ids.astype(mx.float32), probs]).tolist()  # the one sync here
-        builder, scores = self._best_paths(host[:depth], host[depth:])
+        builder, scores = self._best_paths(host[:k], host[k:])
         n = len(builder.tokens)
         if self.verify_cost is not None:
             n = best_tree_size(scores, self.verify_cost, 0.0)

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.engine.draft import Draft, DrafterTraits, StopRule, Verdict
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Draft, DrafterTraits, StopRule, Verdict
 
 if TYPE_CHECKING:
     from specmlx.engine.cache import Sequence
@@ -60,7 +61,9 @@ class NgramDrafter:
             self.index = NgramIndex(self.min_n, self.max_n)
         self.index.extend(context[len(self.index.tokens) :])
 
-    def propose(self, context: list[int], k: int, stop: StopRule | None = None) -> Draft:
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
+    ) -> Draft:
         self.index.extend(context[len(self.index.tokens) :])
         return Draft(mx.array(self.index.lookup(k), mx.uint32))
 

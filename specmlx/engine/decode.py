@@ -1,44 +1,29 @@
 """THE loop: propose -> verify once -> accept -> rewind -> yield.
 
 Every drafting strategy goes through `decode`. One step: the policy plans the draft length,
-the drafter proposes up to that many tokens, as a chain or a tree; the target scores [last,
-drafts] in one call; an acceptance rule from `specmlx.engine.verify` keeps a prefix (a path, for a
-tree) of the drafts and adds one token of the target's own; both sides drop what was not
-kept; the policy learns what happened. One host sync per step (the drafter may add one per
-drafted token where a stop rule reads its confidences, and heads one to read their tree). Without a drafter the loop is plain
-decoding, the baseline, double-buffered as mlx-lm's: the next token's call is queued before
-the host reads the current one.
+the loop caps it (`draft_length`, the one place), the drafter proposes up to that many tokens
+as a chain or a tree, drawn as the step's sampling says; the target scores [last, drafts] in
+one call; the loop warps the target's logits (here, for chains and trees alike) and an
+acceptance rule from `specmlx.engine.verify` keeps a prefix (a path, for a tree) of the drafts
+and adds one token of the target's own; both sides drop what was not kept; the loop yields the
+step's one record, `Step`, which the policy observes. One host sync per step, plus one where
+a proposal is read back before it is verified (a tree, or a draft a stop rule may cut).
+Without a drafter the loop is plain decoding, the baseline, double-buffered as mlx-lm's: the
+next token's call is queued before the host reads the current one.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import mlx.core as mx
 
 from specmlx.engine.cache import Sequence
-from specmlx.engine.draft import Draft, Drafter, Verdict
-from specmlx.engine.policy.base import Outcome, Policy
+from specmlx.engine.policy.base import Policy
 from specmlx.engine.sampling import SamplingConfig, draw, warp
-from specmlx.engine.verify import greedy_verify, rejection_verify, tree_verify_arrays, walk_tree
-
-
-@dataclass(frozen=True)
-class Step:
-    """What one target call produced."""
-
-    tokens: tuple[int, ...]  # accepted drafts, then the target's own token (stop-truncated)
-    k: int  # the draft length planned (before the max_tokens cap); 0: a plain step
-    n_drafted: int  # tokens the target verified besides the last one (tree nodes too)
-    draft_depth: int  # the longest path the draft offered
-    n_accepted: int
-    seconds: float  # wall time of the step, measured after its sync
-    finish: str | None  # "stop" (a stop token), "length" (max_tokens), or None
-    # The proposal's own time, where it was timed apart from the verify call (tree drafts
-    # read their tree back anyway; chains only when the policy asks).
-    draft_seconds: float | None = None
+from specmlx.engine.step import Draft, Drafter, Step, Verdict, draft_length
+from specmlx.engine.verify import greedy_verify, rejection_verify, tree_sampling_arrays, walk_tree
 
 
 def _next_token(logits: mx.array, sampling: SamplingConfig) -> mx.array:
@@ -54,7 +39,8 @@ def _chain(
     if sampling.greedy:
         n_accepted, next_token = greedy_verify(draft.tokens, logits)
     else:
-        n_accepted, next_token = rejection_verify(draft.tokens, draft.probs, warp(logits, sampling))
+        target_probs = warp(logits, sampling)  # (k+1, vocab)
+        n_accepted, next_token = rejection_verify(draft.tokens, draft.probs, target_probs)
     verdict = mx.concatenate([draft.tokens, mx.stack([n_accepted.astype(mx.uint32), next_token])])
     host = verdict.tolist()  # the step's one sync
     n, token = host[-2], host[-1]
@@ -62,17 +48,25 @@ def _chain(
 
 
 def _tree(
-    last: int, draft: Draft, target: Sequence, sampling: SamplingConfig, limit: int
+    last: int,
+    draft: Draft,
+    target: Sequence,
+    sampling: SamplingConfig,
+    limit: int,
+    with_target_tokens: bool,
 ) -> tuple[Verdict, int]:
     """Score every node of the tree in one call; keep the accepted path, at most `limit`."""
     inputs = mx.concatenate([mx.array([last], mx.uint32), draft.tokens])
     logits = target.forward(inputs, tree=draft.tree)  # (nodes, vocab)
-    arrays = tree_verify_arrays(draft.tree, draft.tokens, logits, sampling)
-    arrays["tokens"] = draft.tokens
+    arrays = {"tokens": draft.tokens}
+    if sampling.greedy or with_target_tokens:
+        arrays["target_tokens"] = mx.argmax(logits, axis=-1).astype(mx.uint32)  # (nodes,)
+    if not sampling.greedy:
+        arrays.update(tree_sampling_arrays(draft.tree, draft.tokens, warp(logits, sampling)))
     host = _to_host(arrays)  # the step's one sync
-    path, token = walk_tree(draft.tree, host["tokens"], host, sampling, limit)
+    path, token = walk_tree(draft.tree, host["tokens"], host, sampling.greedy, limit)
     accepted = [host["tokens"][node - 1] for node in path]
-    return Verdict(accepted, path, host["target_tokens"]), token
+    return Verdict(accepted, path, host.get("target_tokens") if with_target_tokens else None), token
 
 
 def _to_host(arrays: dict[str, mx.array]) -> dict[str, list]:
@@ -117,6 +111,7 @@ def decode(
     if drafter is None:
         yield from _plain(target, context, policy, max_tokens, sampling, stop_tokens)
         return
+    traits = drafter.traits
     # The drafter takes in the context when first asked for a draft: a response the policy
     # decodes plainly never pays for the draft model's prefill.
     prefilled = False
@@ -125,18 +120,17 @@ def decode(
         start = time.perf_counter()
         last = context[-1]
         plan = policy.choose()
-        # Never accept past max_tokens: a step emits at most k + 1 tokens.
-        k = min(plan.k, max_tokens - produced - 1)
+        k = draft_length(plan.k, max_tokens - produced - 1, traits)
         if k > 0 and not prefilled:
             drafter.prefill(context, target)
             prefilled = True
             start = time.perf_counter()  # a prefill, like the target's: not the step's time
-        draft = drafter.propose(context, k, plan.stop) if k > 0 else None
+        draft = drafter.propose(context, k, sampling, plan.stop) if k > 0 else None
         if draft is not None and draft.size == 0:
             draft = None  # nothing to propose (an n-gram miss): a plain step
         draft_seconds = None
-        if draft is not None and draft.tree is not None:
-            draft_seconds = time.perf_counter() - start  # the tree was read back: it is done
+        if draft is not None and (draft.tree is not None or draft.confidences is not None):
+            draft_seconds = time.perf_counter() - start  # read back already: it is done
         elif draft is not None and plan.time_draft:
             mx.eval(draft.tokens)  # the draft calls, timed apart from the verify call
             draft_seconds = time.perf_counter() - start
@@ -148,29 +142,17 @@ def decode(
             verdict, token = _chain(last, draft, target, sampling)
             target.settle([last, *verdict.accepted])
         else:
-            verdict, token = _tree(last, draft, target, sampling, k)
+            verdict, token = _tree(last, draft, target, sampling, k, traits.reads_target_tokens)
             target.settle([last, *verdict.accepted], path=[0, *verdict.path])
         if draft is not None:
             drafter.commit(verdict)
         seconds = time.perf_counter() - start
-        policy.observe(
-            Outcome(
-                requested=k if draft is not None else 0,
-                drafted=draft.size if draft is not None else 0,
-                depth=draft.depth if draft is not None else 0,
-                accepted=verdict.n_accepted,
-                seconds=seconds,
-                draft_seconds=draft_seconds,
-                confidences=draft.confidences if draft is not None else None,
-                tree=draft is not None and draft.tree is not None,
-            )
-        )
         emitted, finish = _finish([*verdict.accepted, token], stop_tokens)
         produced += len(emitted)
         if finish is None and produced >= max_tokens:
             finish = "length"
         context.extend(emitted)
-        yield Step(
+        step = Step(
             tuple(emitted),
             plan.k,
             draft.size if draft is not None else 0,
@@ -179,7 +161,13 @@ def decode(
             seconds,
             finish,
             draft_seconds,
+            requested=k if draft is not None else 0,
+            draft_calls=draft.calls if draft is not None else 0,
+            confidences=draft.confidences if draft is not None else None,
+            tree=draft is not None and draft.tree is not None,
         )
+        policy.observe(step)
+        yield step
         if finish is not None:
             return
 
@@ -212,8 +200,9 @@ def _plain(
                 finish = "length"
             if finish is None:
                 target.settle([token])  # the queued call's input, now known
-            policy.observe(Outcome(0, 0, 0, 0, seconds))
-            yield Step((token,), 0, 0, 0, 0, seconds, finish)
+            step = Step((token,), 0, 0, 0, 0, seconds, finish)
+            policy.observe(step)
+            yield step
             if finish is not None:
                 return
             pending = queued

@@ -13,7 +13,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specmlx.engine.decode import Step
+from specmlx.engine.step import Step
 
 
 @dataclass(frozen=True)

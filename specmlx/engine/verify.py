@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specmlx.engine.sampling import SamplingConfig, warp
 from specmlx.engine.tree import Tree
 
 
@@ -72,37 +71,35 @@ def rejection_verify(
     return n_accepted, next_token
 
 
-def tree_verify_arrays(
-    tree: Tree, tokens: mx.array, target_logits: mx.array, sampling: SamplingConfig
+def tree_sampling_arrays(
+    tree: Tree, tokens: mx.array, target_probs: mx.array
 ) -> dict[str, mx.array]:
-    """Everything a host-side walk of a deterministic tree needs, computed lazily.
+    """Everything a host-side walk of a deterministic tree needs when sampling, lazily.
 
-    target_tokens: the target's greedy token at each node. For sampling also
     first_try: the target's probability of each node's token under its parent; fallback: a
     token drawn at each node from the target with all that node's children removed (the
     residual after every child was rejected); bonus: a token drawn at each node from the
     target itself (for a walk stopped by its length limit); uniforms: one draw per node.
+    (Greedy walks need only the target's argmax at each node.)
 
-    tokens        # (size - 1,) the drafted nodes
-    target_logits # (size, vocab)
+    tokens       # (size - 1,) the drafted nodes
+    target_probs # (size, vocab) warped
     """
-    arrays = {"target_tokens": mx.argmax(target_logits, axis=-1).astype(mx.uint32)}
-    if sampling.greedy:
-        return arrays
-    target_probs = warp(target_logits, sampling)  # (size, vocab)
     parents = mx.array(tree.parents)
-    arrays["first_try"] = target_probs[parents, tokens.astype(mx.int32)]
-    residual = target_probs.at[parents, tokens.astype(mx.int32)].multiply(0.0)
+    ids = tokens.astype(mx.int32)
+    residual = target_probs.at[parents, ids].multiply(0.0)
     total = residual.sum(axis=-1, keepdims=True)
     residual = mx.where(total > 0, residual / total, target_probs)
-    arrays["fallback"] = mx.random.categorical(mx.log(residual), axis=-1).astype(mx.uint32)
-    arrays["bonus"] = mx.random.categorical(mx.log(target_probs), axis=-1).astype(mx.uint32)
-    arrays["uniforms"] = mx.random.uniform(shape=(tree.size - 1,))
-    return arrays
+    return {
+        "first_try": target_probs[parents, ids],
+        "fallback": mx.random.categorical(mx.log(residual), axis=-1).astype(mx.uint32),
+        "bonus": mx.random.categorical(mx.log(target_probs), axis=-1).astype(mx.uint32),
+        "uniforms": mx.random.uniform(shape=(tree.size - 1,)),
+    }
 
 
 def walk_tree(
-    tree: Tree, tokens: list[int], host: dict[str, list], sampling: SamplingConfig, limit: int
+    tree: Tree, tokens: list[int], host: dict[str, list], greedy: bool, limit: int
 ) -> tuple[list[int], int]:
     """The accepted path (node indices, root excluded) and the token the target adds.
 
@@ -110,15 +107,19 @@ def walk_tree(
     children in order, each a one-hot proposal: accept child c with probability
     p(c) / (1 - mass of the siblings already rejected), which is the target renormalized
     after removing them; if all fail, draw from the target without any of them. The path
-    stops at `limit` tokens; the next token is then the target's own draw at that node.
+    stops at `limit` tokens (the step's k: a tree may hold deeper nodes for its drafter's own
+    use, as Lookahead's columns); the next token is then the target's own at that node.
+
+    host: "target_tokens" (the target's argmax at each node) when greedy, else the arrays of
+    `tree_sampling_arrays`.
     """
     path: list[int] = []
     node = 0
     while True:
         if len(path) == limit:
-            return path, host["target_tokens" if sampling.greedy else "bonus"][node]
+            return path, host["target_tokens" if greedy else "bonus"][node]
         accepted = None
-        if sampling.greedy:
+        if greedy:
             want = host["target_tokens"][node]
             accepted = next((c for c in tree.children[node] if tokens[c - 1] == want), None)
         else:
@@ -130,7 +131,7 @@ def walk_tree(
                     break
                 rejected_mass += p
         if accepted is None:
-            key = "target_tokens" if sampling.greedy else "fallback"
+            key = "target_tokens" if greedy else "fallback"
             return path, host[key][node]
         path.append(accepted)
         node = accepted

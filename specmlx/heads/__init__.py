@@ -1,10 +1,10 @@
 """Draft heads: small modules trained on a target's own hidden states (Medusa, EAGLE).
 
 They draft from the features the target computes anyway, so they need no second model;
-each is bound to the one target it was trained on. `load_heads` reads our folders and the
-published Medusa / EAGLE / EAGLE-3 layouts, `save_heads` writes ours. MLX is imported on
-first use of these names, so the CLI's `train-heads` command (heads/command.py) keeps
-`specmlx --help` fast.
+each is bound to the one target it was trained on. The kinds are listed once, in
+`specmlx.heads.kinds`. `load_heads` reads our folders and the published Medusa / EAGLE /
+EAGLE-3 layouts, `save_heads` writes ours. MLX is imported on first use of these names, so
+the CLI's `train-heads` command (specmlx/cli/heads.py) keeps `specmlx --help` fast.
 """
 
 from __future__ import annotations

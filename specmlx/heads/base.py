@@ -27,8 +27,7 @@ import mlx.nn as nn
 
 from specmlx.engine.features import backbone
 from specmlx.errors import SpecmlxError
-
-KINDS = ("medusa", "eagle", "eagle3")
+from specmlx.heads.kinds import head_kind
 
 # The files of a heads folder of ours (`specmlx.heads.store`); published ones name their own.
 CONFIG_FILE = "config.json"
@@ -48,7 +47,7 @@ Heads = nn.Module
 class HeadsConfig:
     """Draft heads: their kind, their shapes, and the target they were trained for."""
 
-    kind: str  # "medusa" | "eagle" | "eagle3"
+    kind: str  # a name in specmlx.heads.kinds.KINDS
     hidden_size: int  # the target's
     target_vocab: int  # the target's output rows
     draft_vocab: int  # V_d: the target tokens the heads score (== target_vocab: all of them)
@@ -63,11 +62,10 @@ class HeadsConfig:
     target_args: dict = field(default_factory=dict)  # eagle: the target's config.json
     fingerprint: dict = field(default_factory=dict)  # the target it was trained on
     training: dict = field(default_factory=dict)  # data, steps, seed, final losses
-    source_format: str = "specmlx"  # "specmlx" | "medusa" | "eagle" | "eagle3"
+    source_format: str = "specmlx"  # "specmlx", or the kind whose published layout it was
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise SpecmlxError(f"unknown heads kind {self.kind!r} (known: {', '.join(KINDS)})")
+        head_kind(self.kind)  # one line naming the known kinds, if it is none of them
         if not 0 < self.draft_vocab <= self.target_vocab:
             raise SpecmlxError(
                 f"draft vocabulary of {self.draft_vocab} tokens for a target of "
@@ -249,5 +247,5 @@ def _cosine(a: list[float], b: list[float]) -> float:
 
 
 def method_of_heads(heads: Heads) -> str:
-    """The `--method` that drafts with these heads: medusa, or eagle (EAGLE-3's included)."""
-    return "medusa" if heads.config.kind == "medusa" else "eagle"
+    """The `--method` that drafts with these heads (their kind's, in the kinds table)."""
+    return head_kind(heads.config.kind).method

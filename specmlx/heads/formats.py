@@ -1,9 +1,10 @@
 """Medusa, EAGLE and EAGLE-3 heads as their authors publish them, read without conversion.
 
-`read_published(folder, model, tokenizer)` recognises a layout by its tensor names (read
-from the safetensors headers; `model.` and `medusa_head.` prefixes allowed), builds our
-module for it and fills it. Only safetensors are read: a pickled PyTorch file is refused
-in one line saying how to convert it. The layouts (dims: d hidden, V vocab):
+`read_published(folder, model, tokenizer)` tries the readers the kinds table names
+(`specmlx.heads.kinds`): each recognises its layout by the tensor names (read from the
+safetensors headers; `model.` and `medusa_head.` prefixes allowed), builds our module for it
+and fills it. Only safetensors are read: a pickled PyTorch file is refused in one line
+saying how to convert it. The layouts (dims: d hidden, V vocab):
 
 Medusa (FasterDecoding/Medusa medusa/model/medusa_model.py; train_legacy.py saves
 `medusa_lm_head.safetensors`, older repos `medusa_lm_head.pt`; Medusa-2 / axolotl models
@@ -59,6 +60,9 @@ from specmlx.heads.base import (
     check_weights,
     target_vocab,
 )
+from specmlx.heads.kinds import KINDS
+
+TensorFiles = dict[str, Path]  # tensor name -> the safetensors file holding it
 
 _MEDUSA_KEY = re.compile(r"(?:medusa_head\.)?(\d+)\.(\d+)\.(?:linear\.)?(weight|bias)")
 _PICKLES = ("*.bin", "*.pt", "*.pth")
@@ -87,28 +91,25 @@ def read_published(folder: Path, model: nn.Module, tokenizer: Any | None) -> Hea
                 "heads often ship only a .bin/.pt): convert them to safetensors"
             )
         return None
-    names = set(where)
-    medusa = {n for n in names if _MEDUSA_KEY.fullmatch(n)}
-    if medusa:
-        return _medusa(folder, config, _load(where, medusa), model)
-    prefix = "model." if "model.fc.weight" in names else ""
-    if f"{prefix}fc.weight" not in names:
-        return None
-    wanted = {n for n in names if not _UNUSED.fullmatch(n.removeprefix(prefix))}
-    tensors = {n.removeprefix(prefix): a for n, a in _load(where, wanted).items()}
-    if "midlayer.self_attn.q_proj.weight" in tensors:
-        return _eagle3(folder, config, tensors, model)
-    if "layers.0.self_attn.q_proj.weight" in tensors:
-        return _eagle(folder, config, tensors, model)
+    for kind in KINDS.values():
+        for read in kind.published_readers():
+            heads = read(folder, config, where, model)
+            if heads is not None:
+                return heads
     return None
 
 
 # --- Medusa -----------------------------------------------------------------------------
 
 
-def _medusa(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.Module) -> Heads:
+def read_medusa(folder: Path, config: dict, where: TensorFiles, model: nn.Module) -> Heads | None:
+    """Medusa heads, if the tensors in `where` are a Medusa layout."""
     from specmlx.heads.medusa import MedusaHeads
 
+    names = {n for n in where if _MEDUSA_KEY.fullmatch(n)}
+    if not names:
+        return None
+    tensors = _load(where, names)
     # Our parameter names are Medusa's own under `heads.`: the keys map one to one, and
     # `_fill` names any block a head lacks or has beyond head 0's.
     weights = {"heads." + n.removeprefix("medusa_head."): a for n, a in tensors.items()}
@@ -137,9 +138,13 @@ def _medusa(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.
 # --- EAGLE-1 ----------------------------------------------------------------------------
 
 
-def _eagle(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.Module) -> Heads:
+def read_eagle(folder: Path, config: dict, where: TensorFiles, model: nn.Module) -> Heads | None:
+    """An EAGLE-1 head, if the tensors in `where` are its layout (fc, then `layers.0`)."""
     from specmlx.heads.eagle import EagleHead
 
+    tensors = _fc_layout(where, "layers.0.self_attn.q_proj.weight")
+    if tensors is None:
+        return None
     if any(n.startswith("layers.1.") for n in tensors):
         raise SpecmlxError(f"{folder}: EAGLE heads of more than one layer are not supported")
     hidden = tensors["fc.weight"].shape[0]
@@ -201,9 +206,13 @@ def _eagle_layer_args(folder: Path, config: dict, tensors: dict[str, mx.array], 
 # --- EAGLE-3 ----------------------------------------------------------------------------
 
 
-def _eagle3(folder: Path, config: dict, tensors: dict[str, mx.array], model: nn.Module) -> Heads:
+def read_eagle3(folder: Path, config: dict, where: TensorFiles, model: nn.Module) -> Heads | None:
+    """An EAGLE-3 head, if the tensors in `where` are its layout (fc, then `midlayer`)."""
     from specmlx.heads.eagle3 import Eagle3Head, aux_layers, draft_ids
 
+    tensors = _fc_layout(where, "midlayer.self_attn.q_proj.weight")
+    if tensors is None:
+        return None
     if "num_attention_heads" not in config:
         raise SpecmlxError(
             f"{folder}: an EAGLE-3 checkpoint needs its config.json (attention heads)"
@@ -259,7 +268,7 @@ def _config(folder: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _tensor_files(folder: Path) -> dict[str, Path]:
+def _tensor_files(folder: Path) -> TensorFiles:
     """Every tensor name in the folder's safetensors files, from their headers alone."""
     where = {}
     for path in sorted(folder.glob("*.safetensors")):
@@ -273,7 +282,17 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
     return where
 
 
-def _load(where: dict[str, Path], names: set[str]) -> dict[str, mx.array]:
+def _fc_layout(where: TensorFiles, layer_key: str) -> dict[str, mx.array] | None:
+    """The tensors of an EAGLE-style checkpoint (`fc.weight` and `layer_key`), a `model.`
+    prefix dropped and the unused ones never loaded; None when `where` is no such layout."""
+    prefix = "model." if "model.fc.weight" in where else ""
+    if prefix + "fc.weight" not in where or prefix + layer_key not in where:
+        return None
+    wanted = {n for n in where if not _UNUSED.fullmatch(n.removeprefix(prefix))}
+    return {n.removeprefix(prefix): a for n, a in _load(where, wanted).items()}
+
+
+def _load(where: TensorFiles, names: set[str]) -> dict[str, mx.array]:
     out = {}
     for path in sorted({where[n] for n in names}):
         out.update((n, a) for n, a in mx.load(str(path)).items() if n in names)

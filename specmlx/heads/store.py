@@ -27,6 +27,7 @@ from specmlx.heads.base import (
     check_target,
     check_weights,
 )
+from specmlx.heads.kinds import head_kind, published_titles
 
 HUB_PATTERNS = ["*.json", "*.safetensors"]
 
@@ -95,8 +96,8 @@ def load_heads(ref: str | Path, model: nn.Module, tokenizer: Any | None) -> Head
     heads = read_published(folder, model, tokenizer)
     if heads is None:
         raise SpecmlxError(
-            f"{ref} holds no heads: neither a specmlx heads folder nor a Medusa, EAGLE or "
-            "EAGLE-3 checkpoint in safetensors"
+            f"{ref} holds no heads: neither a specmlx heads folder nor a {published_titles()} "
+            "checkpoint in safetensors"
         )
     return heads
 
@@ -112,14 +113,9 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
         d2t is not None and d2t.shape != (config.draft_vocab,)
     ):
         raise SpecmlxError(f"{folder}: the draft vocabulary does not match its config")
-    if config.kind == "medusa":
-        from specmlx.heads.medusa import MedusaHeads as kind
-    elif config.kind == "eagle3":
-        from specmlx.heads.eagle3 import Eagle3Head as kind
-    else:
-        from specmlx.heads.eagle import EagleHead as kind
+    module = head_kind(config.kind).module_class()
     # Full vocabulary: the plain two-argument create every kind has.
-    heads = kind.create(config, model) if d2t is None else kind.create(config, model, d2t=d2t)
+    heads = module.create(config, model) if d2t is None else module.create(config, model, d2t=d2t)
     expected = dict(tree_flatten(heads.trainable_parameters()))
     check_weights(expected, weights, str(folder / WEIGHTS_FILE))
     heads.load_weights(list(weights.items()), strict=False)
@@ -129,14 +125,14 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
 
 def _resolve(ref: str) -> Path:
     """A local folder for `ref`: itself, or the Hub snapshot of repo `ref` (cache first)."""
-    from specmlx.io.resolve import _HUB_REPO, _looks_like_path
+    from specmlx.io.resolve import HUB_REPO, looks_like_path
 
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
     if path.exists():
         raise SpecmlxError(f"{ref} is a file; heads are a folder (config.json and weights)")
-    if _looks_like_path(ref) or not _HUB_REPO.match(ref):
+    if looks_like_path(ref) or not HUB_REPO.match(ref):
         raise SpecmlxError(f"no heads folder at {ref}")
     return _from_hub(ref)
 
@@ -149,7 +145,7 @@ def _from_hub(repo: str) -> Path:
         raise SpecmlxError(
             f"fetching heads {repo} needs huggingface_hub (pip install huggingface_hub)"
         ) from None
-    from specmlx.io.resolve import _unreachable_errors
+    from specmlx.io.resolve import unreachable_errors
 
     try:
         return Path(
@@ -165,7 +161,7 @@ def _from_hub(repo: str) -> Path:
         return Path(huggingface_hub.snapshot_download(repo, allow_patterns=HUB_PATTERNS))
     except errors.RepositoryNotFoundError:
         raise SpecmlxError(f"heads {repo} were not found on the Hugging Face Hub") from None
-    except _unreachable_errors() as exc:
+    except unreachable_errors() as exc:
         from huggingface_hub.constants import is_offline_mode
 
         why = "HF_HUB_OFFLINE is set" if is_offline_mode() else type(exc).__name__

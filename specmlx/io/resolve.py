@@ -32,7 +32,8 @@ HUB_PATTERNS = [
     "*.jsonl",
     "*.jinja",
 ]
-_HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A Hugging Face repo id: `org/name`.
+HUB_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def resolve_model(ref: str, *, progress: bool = True) -> Path:
@@ -43,9 +44,9 @@ def resolve_model(ref: str, *, progress: bool = True) -> Path:
     registry = load_registry()
     if ref in registry.models:
         return _from_alias(registry.get(ref), progress=progress)
-    if _looks_like_path(ref):
+    if looks_like_path(ref):
         raise SpecmlxError(f"no such file or folder: {ref}")
-    if _HUB_REPO.match(ref):
+    if HUB_REPO.match(ref):
         return _from_hub(ref, progress=progress)
     raise SpecmlxError(
         f"unknown model {ref!r}: not a local folder or .gguf file, not a registry alias "
@@ -53,7 +54,7 @@ def resolve_model(ref: str, *, progress: bool = True) -> Path:
     )
 
 
-def _looks_like_path(ref: str) -> bool:
+def looks_like_path(ref: str) -> bool:
     """Whether `ref` can only be meant as a path (so a missing one is not tried on the Hub)."""
     if ref.startswith((".", "/", "~")) or ref.lower().endswith(".gguf") or ref.count("/") > 1:
         return True
@@ -134,7 +135,7 @@ def _from_hub(repo: str, *, alias: str | None = None, progress: bool) -> Path:
             f"{repo} was not found on the Hugging Face Hub (or it is gated or private: "
             "accept its license and log in with `hf auth login`)"
         ) from None
-    except _unreachable_errors() as exc:
+    except unreachable_errors() as exc:
         raise SpecmlxError(_offline_message(repo, alias, exc)) from None
     return _checked(Path(found), repo)
 
@@ -145,7 +146,7 @@ def _checked(folder: Path, repo: str) -> Path:
     return folder
 
 
-def _unreachable_errors() -> tuple[type[BaseException], ...]:
+def unreachable_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean "no Hub today", from whichever HTTP client the hub uses."""
     from huggingface_hub import errors
 

@@ -3,8 +3,10 @@
 POST /v1/chat/completions (the target's chat template), POST /v1/completions, GET /v1/models,
 GET /health. Handlers tokenize and check a request, submit it to the engine and relay its
 messages: as one JSON body, or as server-sent events in OpenAI's chunk format ending with
-`data: [DONE]`. A stream whose client goes away cancels its job (Starlette cancels the body
-iterator on disconnect, and its `finally` tells the engine). Every error is OpenAI's body.
+`data: [DONE]`. A client that goes away cancels its job, so the worker is free for the next:
+a stream's (Starlette cancels the body iterator on disconnect, and its `finally` tells the
+engine) and a plain reply's (its handler listens for the disconnect while it waits). Every
+error is OpenAI's body.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -82,16 +84,16 @@ def create_app(
         return model_card()
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest) -> Any:
+    async def chat(body: ChatRequest, request: Request) -> Any:
         body.check()
         _check_model(body.model, names, model_id)
         messages = body.chat()
         prompt_ids = _encode(lambda: encode_prompt(models, messages, True), "messages")
         limit = body.max_completion_tokens or body.max_tokens
-        return await _serve(engine, "chat", model_id, body, prompt_ids, limit)
+        return await _serve(engine, request, "chat", model_id, body, prompt_ids, limit)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest) -> Any:
+    async def completions(body: CompletionRequest, request: Request) -> Any:
         body.check()
         _check_model(body.model, names, model_id)
         prompt = body.prompt_value()
@@ -99,7 +101,8 @@ def create_app(
             prompt_ids = _encode(lambda: encode_prompt(models, prompt, False), "prompt")
         else:
             prompt_ids = _check_ids(prompt, models.vocab_size, models.context_length)
-        return await _serve(engine, "completion", model_id, body, prompt_ids, body.max_tokens)
+        limit = body.max_tokens
+        return await _serve(engine, request, "completion", model_id, body, prompt_ids, limit)
 
     return app
 
@@ -162,6 +165,7 @@ def _config(
 
 async def _serve(
     engine: Engine,
+    request: Request,
     kind: Kind,
     model_id: str,
     body: GenerationRequest,
@@ -185,20 +189,45 @@ async def _serve(
         events = _stream(engine, job, kind, model_id, body.include_usage)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    parts: list[str] = []
+    reply = asyncio.create_task(_reply(engine, job, kind, model_id))
+    gone = asyncio.create_task(_disconnected(request))
     try:
-        async for message in job.messages():
-            if isinstance(message, Text):
-                parts.append(message.text)
-            elif isinstance(message, Failed):
-                raise APIError(message.status, message.message, type="server_error")
-            else:
-                usage = protocol.usage(message.stats, engine.method, engine.k)
-                return protocol.response(
-                    kind, request_id, model_id, "".join(parts), message.finish, usage
-                )
+        await asyncio.wait((reply, gone), return_when=asyncio.FIRST_COMPLETED)
+        if reply.done():
+            return reply.result()  # the response, or the APIError of a failed job
+        gone.result()
+        # The client went away while its reply was generated: nobody reads this one.
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     finally:
+        reply.cancel()
+        gone.cancel()
         engine.cancel(job)  # a no-op once the job is done
+
+
+# nginx's status for a request its client closed before the response: only logs see it.
+CLIENT_CLOSED_REQUEST = 499
+
+
+async def _reply(engine: Engine, job: Job, kind: Kind, model_id: str) -> dict[str, Any]:
+    """The whole response of a job, once it is done."""
+    parts: list[str] = []
+    async for message in job.messages():
+        if isinstance(message, Text):
+            parts.append(message.text)
+    # The messages end on one Done or Failed.
+    if isinstance(message, Failed):
+        raise APIError(message.status, message.message, type="server_error")
+    usage = protocol.usage(message.stats, engine.method, engine.k)
+    text = "".join(parts)
+    return protocol.response(kind, job.request_id, model_id, text, message.finish, usage)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone. The body is read already: what the server sends
+    next is `http.disconnect` (as Starlette's StreamingResponse listens for it); a
+    `request.is_disconnected()` poll would only notice it later."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _stream(

@@ -2,9 +2,10 @@
 
 MLX work runs on one worker thread; the HTTP side submits a `Job` and reads its messages
 (`Text` pieces, then `Done` or `Failed`) from an asyncio queue that the worker fills through
-the event loop. The worker keeps ONE target `Sequence` (and drafter) alive across requests,
-so a prompt that extends the previous one (a chat's next turn) prefills only what is new,
-as `ChatSession` does. A job cancelled while it waits is dropped; one cancelled while it
+the event loop. The worker keeps ONE generation `Session` (the target's sequence, the drafter,
+a policy per sampler) alive across requests, so a prompt that extends the previous one (a
+chat's next turn) prefills only what is new, as `ChatSession` does, and a request with
+another temperature keeps the same drafter and its cache. A job cancelled while it waits is dropped; one cancelled while it
 runs stops at its next step, and the closed generator leaves the caches consistent.
 """
 
@@ -16,16 +17,13 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from specmlx.api.config import GenerationConfig
-from specmlx.api.generate import make_drafter, make_policy, method_of, stream_ids
 from specmlx.api.models import Models
+from specmlx.api.session import Session
 from specmlx.engine.cache import Sequence
-from specmlx.engine.draft import Drafter
-from specmlx.engine.policy import Policy
-from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.server.stops import StopText
 
@@ -120,16 +118,13 @@ class Engine:
     ):
         self.models = models
         self.config = config  # method, options and k; each request brings its sampling
-        self.method = method_of(models, config).name
+        self.session = Session(models, config)
+        self.method = self.session.method.name
         self.k: int | str | None = None
         if self.method != "none":
             self.k = "auto" if config.k is None else config.k
         self.max_queue = max_queue
         self.log = log
-        self.target = Sequence(models.target)
-        self._sampling: SamplingConfig | None = None  # what the drafter was built for
-        self._drafter: Drafter | None = None
-        self._policy: Policy | None = None
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._live: set[Job] = set()
@@ -201,25 +196,17 @@ class Engine:
                     job.state = "done"
                     self._live.discard(job)
 
-    def _prepare(self, sampling: SamplingConfig) -> tuple[Drafter | None, Policy]:
-        """The drafter and policy for this sampler: kept while requests sample alike (the
-        draft model samples as the target does, so a new sampler needs a new drafter)."""
-        if self._policy is None or sampling != self._sampling:
-            config = replace(self.config, sampling=sampling)
-            self._drafter = make_drafter(self.models, config)
-            self._policy = make_policy(self.models, config, self._drafter)
-            self._sampling = sampling
-        return self._drafter, self._policy
+    @property
+    def target(self) -> Sequence:
+        """The target's sequence, which holds the last request's tokens."""
+        return self.session.target
 
     def _run(self, job: Job) -> None:
         stats = Stats(prompt_tokens=len(job.prompt_ids))
         stop_text = StopText(job.stops)
         finish: str | None = None
         try:
-            drafter, policy = self._prepare(job.config.sampling)
-            events = stream_ids(
-                self.models, self.target, drafter, job.prompt_ids, job.config, policy
-            )
+            events = self.session.stream(job.prompt_ids, job.config)
             try:
                 for event in events:
                     stats = event.stats
@@ -240,8 +227,7 @@ class Engine:
         except Exception as exc:
             logger.exception("request %s failed", job.request_id)
             # Whatever state the failure left behind goes; the next request starts clean.
-            self.target = Sequence(self.models.target)
-            self._policy = self._drafter = self._sampling = None
+            self.session.reset()
             job.send(Failed(f"internal error: {type(exc).__name__}: {exc}"))
             self._record(job, stats, "error")
             return

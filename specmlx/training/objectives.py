@@ -1,5 +1,9 @@
 """What each kind of heads learns: its batches from the feature cache, its loss, its step.
 
+`OBJECTIVES` has one entry per kind that `train-heads` trains (the kinds table,
+`specmlx.heads.kinds`, says which): how to cut its batches, its loss, which positions count
+in its accuracy, and what it takes from the settings.
+
 A batch is B windows of `seq_len` consecutive positions inside one cached sequence (never
 across two), padded at the end; which windows a step takes is a function of (seed, step)
 alone, so a resumed run reads exactly the batches an uninterrupted one would.
@@ -25,6 +29,7 @@ ancestors: an approximation of the drafting it trains for.)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -37,6 +42,8 @@ from specmlx.training.shards import FeatureData
 
 Batch = tuple[mx.array, ...]
 Span = tuple[np.ndarray, np.ndarray, np.ndarray]  # positions, sequence ends, first scored
+LossFn = Callable[..., tuple[mx.array, mx.array, mx.array]]  # batch -> loss, terms, accuracy
+BatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Batch]  # a Span -> its batch
 
 
 class Windows:
@@ -266,31 +273,86 @@ def step_function(
     return partial(mx.compile, inputs=state, outputs=state)(step)
 
 
-def labelled(batch: Batch, kind: str) -> mx.array:
-    """Positions that count in each head's accuracy (medusa) or each unrolled step's
-    (eagle): those with a token to guess, at or after the first scored one. # (K,)"""
-    if kind == "medusa":
-        return batch[2].sum((1, 2))
-    return mx.stack([valid.sum() for valid in batch[4::4]])
-
-
 def heldout_accuracy(
-    loss_fn: Callable[..., tuple[mx.array, mx.array, mx.array]],
-    batch_of: Callable[[np.ndarray, np.ndarray, np.ndarray], Batch],
+    loss_fn: LossFn,
+    batch_of: BatchFn,
     windows: Windows,
-    kind: str,
+    labelled: Callable[[Batch], mx.array],
 ) -> list[float]:
     """Top-1 accuracy of each head (eagle: each unrolled step) over `windows`, which the
     heads never trained on: each batch's accuracy weighted by the positions it counted
-    (`labelled`). Evaluated batch by batch; no gradients."""
+    (the objective's `labelled`). Evaluated batch by batch; no gradients."""
     hits, counts = None, None
     for pos, end, first in windows.in_order():
         batch = batch_of(pos, end, first)
         _, _, accuracy = loss_fn(*batch)
-        n = labelled(batch, kind)
+        n = labelled(batch)
         hits = accuracy * n if hits is None else hits + accuracy * n
         counts = n if counts is None else counts + n
         mx.eval(hits, counts)
     if hits is None or counts is None:
         return []
     return [round(h / max(c, 1), 4) for h, c in zip(hits.tolist(), counts.tolist(), strict=True)]
+
+
+# --- the objective of each kind -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How one kind of heads is trained. `settings` below is the run's TrainConfig (of
+    `specmlx.training.train`, which imports this module)."""
+
+    batches: Callable[[FeatureData, np.ndarray, Any], BatchFn]  # (data, t2d, settings)
+    loss: Callable[[nn.Module, Any], LossFn]  # (heads, settings)
+    # Positions that count in each accuracy: those with a token to guess, at or after the
+    # first scored one. # (K,)
+    labelled: Callable[[Batch], mx.array]
+    shape: Callable[[Any], dict[str, int]]  # the HeadsConfig fields the settings give
+    target_layer: bool = False  # the heads copy a target layer (HeadsConfig.target_args)
+    feature_noise: bool = False  # it takes `feature_noise` (EAGLE trains on noised features)
+
+
+def _medusa_batches(data: FeatureData, t2d: np.ndarray, settings: Any) -> BatchFn:
+    return partial(medusa_batch, data, t2d=t2d, heads=settings.num_heads)
+
+
+def _medusa_loss(heads: nn.Module, settings: Any) -> LossFn:
+    return partial(medusa_loss, heads, decay=settings.medusa_decay)
+
+
+def _medusa_labelled(batch: Batch) -> mx.array:
+    return batch[2].sum((1, 2))  # each head's valid (B, L)
+
+
+def _medusa_shape(settings: Any) -> dict[str, int]:
+    return {"num_heads": settings.num_heads, "num_layers": settings.num_layers}
+
+
+def _eagle_batches(data: FeatureData, t2d: np.ndarray, settings: Any) -> BatchFn:
+    return partial(eagle_batch, data, t2d=t2d, unroll=settings.unroll)
+
+
+def _eagle_loss(head: nn.Module, settings: Any) -> LossFn:
+    return partial(eagle_loss, head, ce_weight=settings.eagle_ce_weight, soft=settings.soft_targets)
+
+
+def _eagle_labelled(batch: Batch) -> mx.array:
+    return mx.stack([valid.sum() for valid in batch[4::4]])  # each unrolled step's valid
+
+
+def _eagle_shape(settings: Any) -> dict[str, int]:
+    return {"num_heads": 1, "num_layers": 1}
+
+
+OBJECTIVES: dict[str, Objective] = {
+    "medusa": Objective(_medusa_batches, _medusa_loss, _medusa_labelled, _medusa_shape),
+    "eagle": Objective(
+        _eagle_batches,
+        _eagle_loss,
+        _eagle_labelled,
+        _eagle_shape,
+        target_layer=True,
+        feature_noise=True,
+    ),
+}

@@ -34,16 +34,14 @@ import numpy as np
 from specmlx.api.models import Models
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vocab
+from specmlx.heads.kinds import KINDS, trainable_kind
 from specmlx.progress import progress_bar
 from specmlx.training import checkpoint as ckpt
 from specmlx.training.data import draft_vocab, prompt_positions, sequence_groups
 from specmlx.training.objectives import (
+    OBJECTIVES,
     Windows,
-    eagle_batch,
-    eagle_loss,
     heldout_accuracy,
-    medusa_batch,
-    medusa_loss,
     schedule,
     step_function,
     t2d_table,
@@ -51,20 +49,17 @@ from specmlx.training.objectives import (
 )
 from specmlx.training.shards import FeatureData, open_shards
 
-KINDS = ("medusa", "eagle")
-DEFAULT_LR = {"medusa": 1e-3, "eagle": 3e-4}
-
 
 @dataclass(frozen=True)
 class TrainConfig:
     """How to train. `steps=None` runs `epochs` passes over the cached windows."""
 
-    kind: str = "medusa"  # "medusa" | "eagle"
+    kind: str = "medusa"  # a kind the kinds table marks trainable: "medusa" | "eagle"
     steps: int | None = None
     epochs: float = 1.0
     seq_len: int = 256  # positions per window (never across two sequences)
     batch_tokens: int = 2048  # positions per step: batch_tokens // seq_len windows
-    lr: float | None = None  # peak learning rate; None: 1e-3 medusa, 3e-4 eagle
+    lr: float | None = None  # peak learning rate; None: the kind's train_lr (kinds table)
     warmup: int = 20  # steps of linear warm-up, then a cosine decay to lr * min_lr
     min_lr: float = 0.1
     weight_decay: float = 0.0
@@ -92,8 +87,7 @@ class TrainConfig:
     compile: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise UsageError(f"unknown heads kind {self.kind!r}; choose from {', '.join(KINDS)}")
+        trainable_kind(self.kind)  # one line naming those train-heads trains, if not one
         positive = {"seq-len": self.seq_len, "batch-tokens": self.batch_tokens}
         positive |= {"num-heads": self.num_heads, "checkpoint-every": self.checkpoint_every}
         positive["unroll"] = self.unroll
@@ -108,8 +102,9 @@ class TrainConfig:
             raise UsageError(f"batch-tokens ({self.batch_tokens}) below seq-len ({self.seq_len})")
         if not 0 <= self.feature_noise < math.inf:
             raise UsageError(f"feature noise must be >= 0, got {self.feature_noise}")
-        if self.feature_noise and self.kind != "eagle":
-            raise UsageError("feature noise is for eagle heads")
+        if self.feature_noise and not OBJECTIVES[self.kind].feature_noise:
+            noisy = " or ".join(k for k, o in OBJECTIVES.items() if o.feature_noise)
+            raise UsageError(f"feature noise is for {noisy} heads")
         if self.holdout < 0 or self.holdout == 1:
             raise UsageError(f"holdout must be 0 (none) or at least 2, got {self.holdout}")
         if not self.epochs > 0 or (self.lr is not None and not self.lr > 0):
@@ -119,7 +114,7 @@ class TrainConfig:
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else DEFAULT_LR[self.kind]
+        return self.lr if self.lr is not None else KINDS[self.kind].train_lr
 
 
 @dataclass(frozen=True)
@@ -190,19 +185,14 @@ def train_heads(
     run = ckpt.RunState()
     if resume and ckpt.has_checkpoint(out_dir):
         run = ckpt.load_checkpoint(out_dir, heads, optimizer, record)
-    if config.kind == "medusa":
-        loss_fn = partial(medusa_loss, heads, decay=config.medusa_decay)
-        batch_of = partial(medusa_batch, data, t2d=t2d_table(d2t, vocab), heads=config.num_heads)
-    else:
-        loss_fn = partial(
-            eagle_loss, heads, ce_weight=config.eagle_ce_weight, soft=config.soft_targets
-        )
-        batch_of = partial(eagle_batch, data, t2d=t2d_table(d2t, vocab), unroll=config.unroll)
+    objective = OBJECTIVES[config.kind]
+    loss_fn = objective.loss(heads, config)
+    batch_of = objective.batches(data, t2d_table(d2t, vocab), config)
     step_fn = step_function(heads, optimizer, loss_fn, config.grad_clip, config.compile)
     if not len(heldout):
         evaluate = None
     else:
-        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout, config.kind)
+        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout, objective.labelled)
 
     with (
         ckpt.deferred_interrupt() as interrupt,
@@ -277,29 +267,34 @@ def _data_summary(
 def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.Module:
     """Fresh heads for the target, their initial weights drawn from the seed."""
     target = models.target
-    medusa = config.kind == "medusa"
+    objective = OBJECTIVES[config.kind]
     heads_config = HeadsConfig(
         kind=config.kind,
         hidden_size=int(target.args.hidden_size),
         target_vocab=target_vocab(target),
         draft_vocab=target_vocab(target) if d2t is None else len(d2t),
         feature_layers=config.feature_layers,
-        num_heads=config.num_heads if medusa else 1,
-        num_layers=config.num_layers if medusa else 1,
-        target_args={} if medusa else target_args(models),
+        **objective.shape(config),
+        target_args=target_args(models) if objective.target_layer else {},
         fingerprint=fingerprint(target, models.tokenizer),
     )
-    if medusa:
-        from specmlx.heads.medusa import MedusaHeads as kind
-    else:
-        from specmlx.heads.eagle import EagleHead as kind
+    module = KINDS[config.kind].module_class()
     mx.random.seed(config.seed)
     if d2t is None:
-        heads = kind.create(heads_config, target)
+        heads = module.create(heads_config, target)
     else:
-        heads = kind.create(heads_config, target, d2t=mx.array(d2t, mx.int32))
+        heads = module.create(heads_config, target, d2t=mx.array(d2t, mx.int32))
     mx.eval(heads.parameters())
     return heads
+
+
+def check_buildable(models: Models, config: TrainConfig) -> None:
+    """One line now, not after hours of generating and caching, if heads of `config.kind`
+    cannot sit on this target: a copied layer needs a family mlx-lm builds layers of."""
+    if OBJECTIVES[config.kind].target_layer:
+        from specmlx.heads.eagle import decoder_layer
+
+        decoder_layer(target_args(models))
 
 
 def target_args(models: Models) -> dict:

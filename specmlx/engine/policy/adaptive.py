@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specmlx.engine.costs import CostProfile
-from specmlx.engine.draft import DrafterTraits
-from specmlx.engine.policy.base import Outcome, Plan
 from specmlx.engine.policy.estimators import AcceptanceRates, ConfidenceBins, expectations
 from specmlx.engine.policy.pricing import LearnedCosts, Pricing
+from specmlx.engine.step import DrafterTraits, Plan, Step, StopRule
 
 # Standard errors added to the first position's acceptance before falling back: one, so a
 # response's first misses (its first tokens are often missed) do not decide alone.
@@ -153,7 +152,10 @@ class AdaptiveK:
         self._threshold = self.p_min if self.p_min is not None else self._auto_threshold(rates)
         self._chances = self.confidence.fitted()
         self._following = [rate for _, rate in self.acceptance.curve(self.max_k + 1)]
-        return Plan(self.max_k, self.goes_on, time_draft=self.traits.uses_model)
+        # Its confidences are read back every `k` tokens, the length the rates expect: a
+        # draft that ends about there costs one read-back, one that runs on a few more.
+        stop = StopRule(self.goes_on, lookahead=k)
+        return Plan(self.max_k, stop, time_draft=self.traits.uses_model)
 
     def _auto_threshold(self, rates: list[float]) -> float:
         span = min(MARGINAL_SPAN, self.max_k)
@@ -173,29 +175,31 @@ class AdaptiveK:
         following = self._following[min(len(confidences), len(self._following) - 1)]
         return kept * following >= self._threshold
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, step: Step) -> None:
         teaches, self._teaches_costs = self._teaches_costs, True
-        after_plain, self._after_plain = self._after_plain, outcome.plain
+        after_plain, self._after_plain = self._after_plain, step.plain
         probe, self._probe = self._probe, False
-        if outcome.plain:
+        if step.plain:
             self.acceptance.plain_step()
             if teaches:
-                self.pricing.learn(outcome.seconds, 0, 1, None)
+                self.pricing.learn(step.seconds, 0, 1, None)
             return
-        verified = outcome.drafted + 1
-        if outcome.tree:
+        verified = step.n_drafted + 1
+        if step.tree:
             self.pricing.tree_size = verified  # what its trees cost now
-        if probe and (outcome.accepted + 1) * self.pricing.plain() > self.pricing.step(
-            outcome.drafted
+        if probe and (step.n_accepted + 1) * self.pricing.plain() > self.pricing.step(
+            step.n_drafted
         ):
             # A probe that brought more tokens than plain steps would have in its time: the
             # next one comes soon, so a recovered acceptance is found in a few steps.
             self.probing.interval = self.probing.min_every
-        requested = outcome.depth if outcome.tree else outcome.requested
-        self.acceptance.observe(requested, outcome.depth, outcome.accepted)
-        if outcome.confidences and not outcome.tree:
-            self.confidence.observe(outcome.confidences, outcome.accepted)
+        requested = step.draft_depth if step.tree else step.requested
+        self.acceptance.observe(requested, step.draft_depth, step.n_accepted)
+        if step.confidences and not step.tree:
+            self.confidence.observe(step.confidences, step.n_accepted)
         # The first speculative step after plain ones also pays for the draft model
         # catching up on the plain stretch: a cost of falling back, not of speculating.
         if teaches and not after_plain:
-            self.pricing.learn(outcome.seconds, outcome.drafted, verified, outcome.draft_seconds)
+            # A draft model's calls: those a stop rule cut after drafting count too.
+            calls = step.draft_calls if self.traits.uses_model else step.n_drafted
+            self.pricing.learn(step.seconds, calls, verified, step.draft_seconds)

@@ -1,45 +1,16 @@
-"""What the loop and a policy say to each other: a `Plan` before a step, an `Outcome` after.
+"""The policy protocol: how far to draft, asked before every step, told what happened after.
 
 The loop always has a policy: `FixedK` for `-k N`, `AdaptiveK` for `-k auto`, and plain
 decoding is a policy whose plans are all k = 0. Before each step the loop asks `choose()`
-for a plan; after the step's one sync it reports what happened with `observe(outcome)`.
+for a `Plan`; after the step's sync it hands the policy the step's one record, the same
+`Step` the caller receives (`specmlx.engine.step`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-from specmlx.engine.draft import StopRule
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to do in the next step."""
-
-    k: int  # tokens to ask the drafter for; 0: a plain step
-    stop: StopRule | None = None  # ends a draft early (drafters that report confidence)
-    time_draft: bool = False  # time the drafter's calls apart from the verify call
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one step did, as the policy learns from it."""
-
-    requested: int  # tokens asked for (after the max_tokens cap); 0: a plain step
-    drafted: int  # tokens the target verified besides the last one (tree nodes too)
-    depth: int  # the longest path the draft offered
-    accepted: int
-    seconds: float  # wall time of the step, measured after its sync
-    # The drafter's part: tree steps always (their proposal syncs), chains when the plan
-    # asked for it. Only a draft model's time is learned from.
-    draft_seconds: float | None = None
-    confidences: tuple[float, ...] | None = None  # the drafter's, where it reports them
-    tree: bool = False
-
-    @property
-    def plain(self) -> bool:
-        return self.drafted == 0
+from specmlx.engine.step import Plan, Step
 
 
 class Policy(Protocol):
@@ -51,5 +22,5 @@ class Policy(Protocol):
     def choose(self) -> Plan:
         """The plan of the next step."""
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, step: Step) -> None:
         """What the step that followed the last plan did."""
