@@ -95,20 +95,52 @@ def test_generate_streams_text_and_a_stats_line(tiny_dirs):
     assert "acceptance 100%" in result.stderr and "tok/s" in result.stderr
 
 
+class CalibratedClock:
+    """A `time` for the loop that runs only while the models compute, and as the
+    calibration prices their calls: `n` tokens through either model (the same size) take
+    `target_call_seconds * v(n)`. The steps' times then say what the costs say, on any
+    machine, however loaded."""
+
+    def __init__(self, profile):
+        self.profile = profile
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def charge(self, n_tokens: int) -> None:
+        self.now += self.profile.target_call_seconds * self.profile.verify_cost(n_tokens)
+
+
 def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(
     tiny_dirs, tmp_path, monkeypatch
 ):
-    """Tiny draft and target are the same size: speculation can only lose, so auto decodes
-    plainly and says so, with output identical to the target alone. The calibration says
-    so (a draft call costs a target call, as the same-size models do): timed, their sub-ms
-    calls are at the mercy of the machine, and in one `make test` the measured costs let
-    auto speculate on all 23 calls."""
+    """Tiny draft and target are the same size: speculation can only lose (k drafted
+    tokens cost k target calls, and a step yields at most k + 1 tokens), so auto decodes
+    every step plainly, probes never (no k could win even with every draft kept), and says
+    so (every step counts as plain), with output identical to the target alone. The
+    calibration says so, and the clock the loop times its steps by agrees with it: what
+    the policy learns from step times (speed, the draft's cost, a step's overhead) stays
+    what the calibration says, where real sub-ms calls would be at the mercy of a loaded
+    machine."""
+    from mlx_lm.models import llama
+
     from specmlx.api import calibration
+    from specmlx.engine import decode
     from specmlx.engine.costs import CostProfile
 
     same_size = CostProfile(0.001, 0.001, {k: 1 + 0.05 * (k - 1) for k in range(1, 17)})
     monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps: same_size)
+    clock = CalibratedClock(same_size)
+    monkeypatch.setattr(decode, "time", clock)
+    call = llama.Model.__call__
+
+    def charged(model, inputs, *args, **kwargs):
+        clock.charge(inputs.shape[-1])
+        return call(model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(llama.Model, "__call__", charged)
     target, draft = str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"])
     auto = invoke(
         "generate", "hi", "--target", target, "--draft", draft, "--json", "--max-tokens", "24"
@@ -116,9 +148,14 @@ def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(
     plain = invoke(
         "generate", "hi", "--target", target, "--method", "none", "--json", "--max-tokens", "24"
     )
+    assert auto.exit_code == 0 and plain.exit_code == 0, auto.output + plain.output
+    assert clock.now > 0  # the models' calls went through the clock
     auto_out, plain_out = json.loads(auto.stdout), json.loads(plain.stdout)
+    assert auto_out["method"] == "draft"
     assert auto_out["token_ids"] == plain_out["token_ids"]
-    assert auto_out["stats"]["plain_steps"] > auto_out["stats"]["target_calls"] / 2
+    stats = auto_out["stats"]
+    assert stats["plain_steps"] == stats["target_calls"] == stats["tokens"] == 24
+    assert stats["drafted"] == 0
 
 
 def test_chat_scripted(tiny_dirs):

@@ -113,6 +113,19 @@ def test_bad_heads_input_is_one_line(tiny_dirs, heads_dirs, args, needle):
     assert last.startswith("error: ") and needle in last, result.output
 
 
+def test_heads_of_an_unknown_kind_are_refused_in_one_line(tiny_dirs, heads_dirs, tmp_path):
+    folder = tmp_path / "foo"
+    folder.mkdir()
+    for path in heads_dirs["medusa"].iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "kind": "foo"}))
+    result = invoke("generate", "hi", "--target", str(tiny_dirs["llama"]), "--heads", str(folder))
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    last = [line for line in result.output.splitlines() if line.strip()][-1]
+    assert last == "error: unknown heads kind 'foo' (known: medusa, eagle, eagle3)", result.output
+
+
 def test_heads_flags_become_the_options_of_the_method_in_use():
     flags = MethodFlags(tree_size=12, width=3)
     assert flags.options(flags.method("medusa")) == MedusaOptions(tree_size=12, width=3)
@@ -143,7 +156,8 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--kind", "hydra"], "kind must be medusa or eagle"),
+        (["--kind", "hydra"], "unknown heads kind 'hydra'; train-heads trains medusa or eagle"),
+        (["--kind", "eagle3"], "train-heads does not train eagle3 heads"),
         (["--no-self-distill"], "nothing to train on"),
         (["--files", "/no/such/file"], "no such file"),
         (["--samples", "0"], "need samples >= 1"),

@@ -198,3 +198,32 @@ def test_p_min_works_at_a_fixed_k_through_the_api(tiny_dirs):
     )
     assert full.token_ids == timid.token_ids == plain.token_ids
     assert timid.stats.drafted < full.stats.drafted
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0)], ids=["greedy", "T1"])
+def test_a_stop_rule_cuts_a_chunked_draft_where_it_says(llama, sampling):
+    """Drafted `lookahead` at a time, read back once per chunk, cut after the first token the
+    rule stops at: the cut tokens were drafted (calls) but are never proposed or consumed."""
+    from specmlx.engine.step import StopRule
+
+    target, tokenizer, _ = llama
+    ids = tokenizer.encode(PROMPTS[1])
+    drafter = DraftModelDrafter(target, 320)
+    drafter.prefill(ids, Sequence(target))
+    stop = StopRule(lambda confidences: len(confidences) < 3, lookahead=2)
+    mx.random.seed(0)
+    draft = drafter.propose(ids, 8, sampling, stop)
+    assert draft.size == 3 and draft.calls == 4 and len(draft.confidences) == 3
+    assert all(0 < c <= 1 for c in draft.confidences)
+    assert (draft.probs is None) == sampling.greedy
+    assert stop.cut((0.9, 0.9, 0.9)) == 3 and StopRule(lambda c: True, 4).cut((0.5,) * 4) is None
+
+
+def test_the_loop_caps_k_once_by_room_and_by_the_drafters_depth():
+    from specmlx.engine.step import DrafterTraits, draft_length
+
+    heads = DrafterTraits("medusa", max_depth=4)
+    assert draft_length(16, 100, heads) == 4
+    assert draft_length(16, 2, heads) == 2  # max_tokens leaves room for 2 drafts
+    assert draft_length(3, 100, DrafterTraits("draft")) == 3
+    assert draft_length(8, 0, DrafterTraits("draft")) == 0  # the last token: a plain step

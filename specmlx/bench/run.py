@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt
-from specmlx.api.methods import METHODS, MethodOptions
+from specmlx.api.methods import METHODS, MethodOptions, owner_of
 from specmlx.api.models import Models
 from specmlx.api.session import Session
 from specmlx.bench.suites import Suite
@@ -136,10 +136,7 @@ class BenchConfig:
 
     def options_of(self, row: RowSpec) -> MethodOptions | None:
         """The options a row's method runs with; None: its defaults."""
-        if row.method not in METHODS:
-            return None
-        kind = METHODS[row.method].options
-        return next((o for o in self.options if isinstance(o, kind)), None)
+        return next((o for o in self.options if owner_of(o).name == row.method), None)
 
     @property
     def total_runs(self) -> int:

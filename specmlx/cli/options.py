@@ -37,6 +37,7 @@ from specmlx.api.methods import (
     NgramOptions,
     method,
     methods_help,
+    owner_of,
 )
 from specmlx.errors import UsageError
 
@@ -77,10 +78,6 @@ def parse_ks(values: list[str]) -> list[int | None]:
     return [parse_k(part) for value in values for part in value.split(",")]
 
 
-def _owner(options: type) -> Method:
-    return next(m for m in METHODS.values() if m.options is options)
-
-
 # Each per-method option: the options dataclasses it sets (one per method that has it), and
 # which of their fields.
 _METHOD_FLAGS: dict[str, tuple[tuple[type, str], ...]] = {
@@ -97,7 +94,7 @@ _METHOD_FLAGS: dict[str, tuple[tuple[type, str], ...]] = {
 
 
 def _owners(flag: str) -> list[Method]:
-    return [_owner(options) for options, _ in _METHOD_FLAGS[flag]]
+    return [owner_of(options) for options, _ in _METHOD_FLAGS[flag]]
 
 
 def _field(flag: str, used: Method) -> str:
@@ -115,8 +112,8 @@ def _method_flag(name: str, what: str) -> Any:
     for options, attribute in _METHOD_FLAGS[name]:
         default = "auto" if getattr(options(), attribute) is None else getattr(options(), attribute)
         several = len(_METHOD_FLAGS[name]) > 1
-        shown.append(f"{_owner(options).name} {default}" if several else str(default))
-    methods = "/".join(_owner(options).name for options, _ in _METHOD_FLAGS[name])
+        shown.append(f"{owner_of(options).name} {default}" if several else str(default))
+    methods = "/".join(owner_of(options).name for options, _ in _METHOD_FLAGS[name])
     # Written into the help: click would show a None default's stand-in in parentheses.
     return typer.Option(help=f"{methods}: {what}  [default: {', '.join(shown)}]")
 
@@ -191,10 +188,6 @@ class MethodFlags:
     def given(self) -> list[str]:
         """The options given on the command line, by field name."""
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]
-
-    def flags_given(self) -> list[str]:
-        """The options given on the command line, as spelled there (`--ngram-min`)."""
-        return [_flag_name(name) for name in self.given()]
 
     def method(self, name: str | None) -> Method | None:
         """The method named by --method, else the one the given options belong to, else

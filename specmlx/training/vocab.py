@@ -105,6 +105,8 @@ def proposal_costs(
     from specmlx.drafters.eagle import EagleDrafter
     from specmlx.drafters.medusa import MedusaDrafter
     from specmlx.engine.features import FeatureSpec
+    from specmlx.engine.sampling import SamplingConfig
+    from specmlx.engine.step import draft_length
     from specmlx.heads.eagle import EagleHead
     from specmlx.heads.medusa import MedusaHeads
     from specmlx.training.train import target_args
@@ -137,8 +139,10 @@ def proposal_costs(
         drafters[size] = pair
 
     def proposal(drafter) -> Callable[[], None]:
+        k = draft_length(depth, depth, drafter.traits)  # as decoding caps it (Medusa: heads)
+
         def run() -> None:
-            drafter.propose(context, depth)  # reads its tree back: one host sync
+            drafter.propose(context, k, SamplingConfig())  # reads its tree back: one host sync
             drafter.commit(None)
 
         return run

@@ -1,0 +1,86 @@
+"""One generation session per loaded pair: its drafter serves every sampler, its caches carry
+over, and the server's engine, chat and generate all run through it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+import specmlx
+from specmlx.api.config import GenerationConfig
+from specmlx.api.generate import encode_prompt
+from specmlx.api.session import Session
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.server.engine import Done, Engine, Text
+
+CONFIG = GenerationConfig(method="draft", k=3, max_tokens=12)
+FIRST = [{"role": "user", "content": "hello there"}]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dirs):
+    return specmlx.load(str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"]), progress=False)
+
+
+def counting_draft_inputs(drafter) -> list[int]:
+    """Record how many tokens each call of the draft model is fed."""
+    fed: list[int] = []
+    original = drafter.sequence.model
+
+    def counting(inputs, cache=None):
+        fed.append(inputs.shape[1])
+        return original(inputs, cache=cache)
+
+    drafter.sequence.model = counting
+    return fed
+
+
+async def _ask(engine: Engine, prompt_ids: list[int], config: GenerationConfig) -> str:
+    job = engine.submit("test", prompt_ids, config)
+    text = []
+    async for message in job.messages():
+        if isinstance(message, Text):
+            text.append(message.text)
+        assert not isinstance(message, Done) or message.finish in ("stop", "length")
+    return "".join(text)
+
+
+def test_server_requests_of_other_temperatures_reuse_the_drafter_and_its_cache(models):
+    engine = Engine(models, CONFIG)
+    engine.start()
+    try:
+        drafter = engine.session.drafter
+        first_ids = encode_prompt(models, FIRST, True)
+        greedy = replace(CONFIG, sampling=SamplingConfig())
+        reply = asyncio.run(_ask(engine, first_ids, greedy))
+        second = [*FIRST, {"role": "assistant", "content": reply}]
+        second += [{"role": "user", "content": "and again"}]
+        second_ids = encode_prompt(models, second, True)
+        fed = counting_draft_inputs(drafter)
+        hot = replace(CONFIG, sampling=SamplingConfig(temperature=0.8), seed=3)
+        asyncio.run(_ask(engine, second_ids, hot))
+    finally:
+        engine.stop()
+    assert engine.session.drafter is drafter  # not rebuilt for another sampler
+    # The draft model's first call takes only what the first request left out of its cache.
+    assert fed and fed[0] <= len(second_ids) - len(first_ids) + 1
+    assert set(engine.session._policies) == {greedy.sampling, hot.sampling}
+
+
+def test_a_request_may_not_change_what_shapes_the_drafter(models):
+    session = Session(models, CONFIG)
+    ids = encode_prompt(models, FIRST, True)
+    assert list(session.stream(ids, replace(CONFIG, max_tokens=3)))  # its own length: fine
+    with pytest.raises(ValueError, match="share its k"):
+        list(session.stream(ids, replace(CONFIG, k=5)))
+
+
+def test_one_session_streams_what_generate_returns(models):
+    session = Session(models, CONFIG)
+    ids = encode_prompt(models, FIRST, True)
+    want = specmlx.generate(models, FIRST, CONFIG)
+    for _ in range(2):  # the second request reuses the caches the first left
+        got = [t for event in session.stream(ids) for t in event.token_ids]
+        assert got == want.token_ids
