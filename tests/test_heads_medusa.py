@@ -18,8 +18,8 @@ from specmlx.engine.cache import Sequence
 from specmlx.engine.decode import decode
 from specmlx.engine.features import backbone
 from specmlx.engine.policy import FixedK
-from specmlx.engine.policy.base import Outcome, Plan
 from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Plan, Step
 from specmlx.errors import SpecmlxError
 from specmlx.heads import HeadsConfig, load_heads, save_heads
 from specmlx.heads import store as heads_store
@@ -275,7 +275,7 @@ class Alternating:
     def choose(self) -> Plan:
         return next(self.plans)
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, step: Step) -> None:
         pass
 
 
@@ -293,9 +293,9 @@ def test_the_drafter_reads_the_features_of_plain_steps_too(loaded):
     propose = drafter.propose
     contexts = []
 
-    def recording(context, k, stop=None):
+    def recording(context, k, sampling, stop=None):
         contexts.append(list(context))
-        return propose(context, k, stop)
+        return propose(context, k, sampling, stop)
 
     heads.top_candidates, drafter.propose = spy, recording
     ids = tokenizer.encode(PROMPTS[3])

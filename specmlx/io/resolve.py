@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from specmlx.errors import SpecmlxError
 from specmlx.io.fetch import sha256_file
+from specmlx.io.files import write_atomic
 from specmlx.io.registry import ModelEntry, load_registry, local_model_dir, user_cache_dir
 
 # What mlx-lm needs from a Hub repo. `model*.safetensors`, as mlx-lm loads, skips duplicate
@@ -100,9 +100,7 @@ def gguf_sha256(path: Path, *, progress: bool = True) -> str:
     digest = sha256_file(path, progress=progress, label=f"hashing {path.name}")
     index[key] = {**stamp, "sha256": digest}
     index_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index_path.with_name(f"{index_path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(index, indent=1) + "\n")
-    tmp.replace(index_path)
+    write_atomic(index_path, json.dumps(index, indent=1) + "\n")
     return digest
 
 

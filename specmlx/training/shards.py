@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from specmlx.errors import SpecmlxError
+from specmlx.io.files import write_atomic
 
 MANIFEST, INDEX = "manifest.json", "index.json"
 
@@ -44,9 +45,7 @@ class FeatureIndex:
 
 def write_json(path: Path, data: Any) -> None:
     """`data` as JSON at `path`, whole or not at all."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def _read_index(folder: Path) -> FeatureIndex:
