@@ -24,9 +24,11 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not real"
 
+# ruff, and the floors' import contract (pyproject.toml [tool.importlinter]).
 lint: install
 	$(PY) -m ruff check specmlx tests
 	$(PY) -m ruff format --check specmlx tests
+	.venv/bin/lint-imports --no-cache
 
 format: install
 	$(PY) -m ruff format specmlx tests

@@ -200,7 +200,9 @@ def test_p_min_works_at_a_fixed_k_through_the_api(tiny_dirs):
     assert timid.stats.drafted < full.stats.drafted
 
 
-@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0)], ids=["greedy", "T1"])
+@pytest.mark.parametrize(
+    "sampling", [GREEDY, SamplingConfig(temperature=1.0)], ids=["greedy", "T1"]
+)
 def test_a_stop_rule_cuts_a_chunked_draft_where_it_says(llama, sampling):
     """Drafted `lookahead` at a time, read back once per chunk, cut after the first token the
     rule stops at: the cut tokens were drafted (calls) but are never proposed or consumed."""

@@ -96,7 +96,7 @@ def test_p_min_at_a_fixed_k_reads_the_draft_back_once(llama):
     counts, drafted = syncs_per_step(
         target, tokenizer.encode(PROMPTS[1]), drafter, FixedK(4, p_min=0.5), GREEDY
     )
-    assert any(drafted) and all(count == 2 for count, n in zip(counts, drafted) if n)
+    assert any(drafted) and all(count == 2 for count, n in zip(counts, drafted, strict=True) if n)
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])

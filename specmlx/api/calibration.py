@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from specmlx.engine.costs import CostProfile, measure_costs
+from specmlx.io.files import write_atomic
 
 CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 # Bumped whenever `measure_costs` measures differently, so old figures are measured again.
@@ -79,7 +78,8 @@ def load_or_measure(
     profile = measure_costs(
         models.target, models.draft if with_draft else None, CALIBRATION_KS, reps=3
     )
-    _write_atomically(path, {"key": key, "profile": profile.as_dict()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"key": key, "profile": profile.as_dict()}, indent=2))
     return profile, True
 
 
@@ -89,15 +89,3 @@ def _profile(data: dict[str, Any]) -> CostProfile:
         draft_call_seconds=data["draft_call_seconds"],
         v={int(k): r for k, r in data["v"].items()},
     )
-
-
-def _write_atomically(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibration.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

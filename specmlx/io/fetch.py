@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from specmlx.errors import SpecmlxError, UsageError
+from specmlx.io.files import write_atomic
 from specmlx.io.registry import ModelEntry, Wheel, load_registry, local_model_dir, models_dir
 
 CHUNK = 1 << 22  # 4 MiB: big enough that hashing is disk-bound, small enough to stay responsive
@@ -271,6 +272,4 @@ def _read_json(path: Path) -> object:
 
 
 def _write_json(path: Path, data: object) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
