@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from specmlx.drafters.medusa import MedusaDrafter
 from specmlx.engine.cache import Sequence
 from specmlx.engine.decode import decode
-from specmlx.engine.features import backbone
+from specmlx.engine.features import FeatureSpec, backbone
 from specmlx.engine.policy import FixedK
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.step import Plan, Step
@@ -337,16 +337,32 @@ def test_sampled_medusa_keeps_the_target_distribution(tiny_dirs):
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) > 0.01
 
 
-def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay():
-    """With free verification every node pays; with dear verification none does; the nodes
-    kept are always a prefix of the best-first order, so they form a tree."""
-    heads = type("Stub", (), {"config": HeadsConfig("medusa", 8, 50, 50, num_heads=3)})()
-    probs = [[0.6, 0.2, 0.1], [0.5, 0.3, 0.1], [0.4, 0.2, 0.1]]
-    ids = [[10 * head + rank for rank in range(3)] for head in range(3)]
-    full, scores = MedusaDrafter(heads, 12, 3)._best_paths(ids, probs)
-    free = MedusaDrafter(heads, 12, 3, verify_cost=lambda n: 1.0)
-    dear = MedusaDrafter(heads, 12, 3, verify_cost=lambda n: float(n))
+def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay(loaded):
+    """Through `propose`: with free verification every node pays, so the tree holds all it
+    may; with dear verification none does and the step is plain; in between, the nodes kept
+    are the best-first prefix `best_tree_size` picks from the paths' scores."""
     from specmlx.drafters.eagle import best_tree_size
 
-    assert best_tree_size(scores, free.verify_cost, 0.0) == len(full.tokens)
-    assert best_tree_size(scores, dear.verify_cost, 0.0) == 0
+    model, tokenizer = loaded("llama")
+    heads = randomized(MedusaHeads.create(medusa_config(model, tokenizer), model), seed=4)
+    ids = tokenizer.encode(PROMPTS[3])
+    target = Sequence(model)
+    target.capture(FeatureSpec(heads.config.feature_layers))
+    target.sync(ids)
+
+    def proposal(verify_cost):
+        drafter = MedusaDrafter(heads, 12, 3, verify_cost=verify_cost)
+        drafter.prefill(ids, target)
+        return drafter, drafter.propose(ids, 3, GREEDY)
+
+    full_drafter, free = proposal(lambda n: 1.0)
+    _, dear = proposal(lambda n: float(n))
+    assert free.size == 11 and dear.size == 0  # tree_size 12, root included
+    slope = lambda n: 1.0 + 0.15 * (n - 1)  # noqa: E731
+    _, some = proposal(slope)
+    newest = target.feature_rows(len(ids) - 2)[0]
+    top_ids, top_probs = heads.top_candidates(newest, 3, 3)
+    _, scores = full_drafter._best_paths(top_ids.tolist(), top_probs.tolist())
+    assert 0 < some.size < free.size and some.size == best_tree_size(scores, slope, 0.0)
+    assert some.tokens.tolist() == free.tokens.tolist()[: some.size]
+    assert some.tree.parents == free.tree.parents[: some.size]
