@@ -203,22 +203,26 @@ def test_p_min_works_at_a_fixed_k_through_the_api(tiny_dirs):
 @pytest.mark.parametrize(
     "sampling", [GREEDY, SamplingConfig(temperature=1.0)], ids=["greedy", "T1"]
 )
-def test_a_stop_rule_cuts_a_chunked_draft_where_it_says(llama, sampling):
-    """Drafted `lookahead` at a time, read back once per chunk, cut after the first token the
-    rule stops at: the cut tokens were drafted (calls) but are never proposed or consumed."""
-    from specmlx.engine.step import StopRule
-
+def test_a_stop_rule_ends_the_draft_at_the_token_it_stops_at(llama, sampling):
+    """The token where the rule says no is the draft's last: no call is spent past it."""
     target, tokenizer, _ = llama
     ids = tokenizer.encode(PROMPTS[1])
     drafter = DraftModelDrafter(target, 320)
     drafter.prefill(ids, Sequence(target))
-    stop = StopRule(lambda confidences: len(confidences) < 3, lookahead=2)
+    asked: list[tuple[float, ...]] = []
+
+    def stop(confidences: tuple[float, ...]) -> bool:
+        asked.append(confidences)
+        return len(confidences) < 3
+
     mx.random.seed(0)
     draft = drafter.propose(ids, 8, sampling, stop)
-    assert draft.size == 3 and draft.calls == 4 and len(draft.confidences) == 3
+    assert draft.size == 3 and len(draft.confidences) == 3
+    assert [len(c) for c in asked] == [1, 2, 3]  # asked once per drafted token
     assert all(0 < c <= 1 for c in draft.confidences)
     assert (draft.probs is None) == sampling.greedy
-    assert stop.cut((0.9, 0.9, 0.9)) == 3 and StopRule(lambda c: True, 4).cut((0.5,) * 4) is None
+    # Consumed: all but the last draft, whatever k was asked.
+    assert drafter.sequence.n_unconfirmed == len(ids) - len(drafter.sequence.tokens) + 2
 
 
 def test_the_loop_caps_k_once_by_room_and_by_the_drafters_depth():

@@ -66,26 +66,20 @@ def simulate(
             continue
         rate = kept(step)
         confidences: list[float] = []
-        drafted = calls_made = plan.k  # a drafter without a stop rule drafts all k
-        if plan.stop is not None:
-            # As the draft model does: `lookahead` tokens at a time, cut where the rule says.
-            calls_made = 0
-            while calls_made < plan.k:
-                chunk = min(plan.stop.lookahead, plan.k - calls_made)
-                confidences += [0.99 if rate > 0.5 else 0.2] * chunk
-                cut = plan.stop.cut(tuple(confidences), start=calls_made)
-                calls_made += chunk
-                if cut is not None:
+        drafted = 0
+        while drafted < plan.k:
+            drafted += 1
+            if plan.stop is not None:
+                confidences.append(0.99 if rate > 0.5 else 0.2)
+                if not plan.stop(tuple(confidences)):
                     break
-            drafted = calls_made if cut is None else cut
-            confidences = confidences[:drafted]
         accepted = 0
         while accepted < drafted and rng.random() < rate:
             accepted += 1
         c = truth.c if traits.uses_model else 0.0
         verified = traits.tree_size or drafted + 1
-        calls = calls_made * c + truth.verify_cost(verified)
-        draft_seconds = calls_made * c * UNIT * factor if traits.uses_model else None
+        calls = drafted * c + truth.verify_cost(verified)
+        draft_seconds = drafted * c * UNIT * factor if traits.uses_model else None
         policy.observe(
             Step(
                 tokens=(0,) * (accepted + 1),
@@ -95,9 +89,8 @@ def simulate(
                 n_accepted=accepted,
                 seconds=calls * UNIT * factor,
                 finish=None,
-                draft_seconds=draft_seconds if plan.time_draft or plan.stop else None,
+                draft_seconds=draft_seconds if plan.time_draft else None,
                 requested=plan.k,
-                draft_calls=calls_made if traits.uses_model else 0,
                 confidences=tuple(confidences) or None,
                 tree=traits.tree_size is not None,
             )
@@ -203,7 +196,7 @@ def test_the_stop_rule_stops_sooner_on_doubt():
 
     def length(confidence: float) -> int:
         n = 1
-        while n < plan.k and plan.stop.goes_on((confidence,) * n):
+        while n < plan.k and plan.stop((confidence,) * n):
             n += 1
         return n
 
@@ -214,7 +207,7 @@ def test_the_stop_rule_stops_sooner_on_doubt():
 def test_fixed_k_plans_k_and_cuts_on_p_min():
     assert FixedK(4).choose().k == 4 and FixedK(4).choose().stop is None
     plan = FixedK(4, p_min=0.5).choose()
-    assert plan.stop.goes_on((0.9, 0.6)) and not plan.stop.goes_on((0.9, 0.4))
+    assert plan.stop((0.9, 0.6)) and not plan.stop((0.9, 0.4))
 
 
 def test_expectations_match_leviathans_closed_form():

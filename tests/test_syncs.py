@@ -76,27 +76,26 @@ def test_one_sync_per_step_at_a_fixed_k(llama, method, sampling):
         assert any(drafted)
 
 
-@pytest.mark.parametrize("agrees", [False, True], ids=["other-draft", "self-draft"])
-def test_a_stop_rule_reads_the_draft_back_once_per_step(llama, agrees):
-    """Under -k auto the draft model's confidences come back in one transfer per step (its
-    lookahead), not one per drafted token: a verify and one read-back."""
+def test_the_confidence_stop_rule_syncs_at_most_once_per_drafted_token(llama):
     target, tokenizer, draft = llama
     profile = CostProfile(1.0, 0.001, {k: 1.0 for k in range(1, 17)})
-    drafter = DraftModelDrafter(target if agrees else draft, 320)
+    drafter = DraftModelDrafter(draft, 320)
     policy = AdaptiveK(profile, drafter.traits)
     counts, drafted = syncs_per_step(target, tokenizer.encode(PROMPTS[1]), drafter, policy, GREEDY)
-    speculative = [count for count, n in zip(counts, drafted, strict=True) if n]
-    assert speculative and all(count == 2 for count in speculative), (counts, drafted)
-    assert max(drafted) > 1 if agrees else True
+    assert any(drafted)
+    for count, n in zip(counts, drafted, strict=True):
+        # One per drafted token (its confidence), one for the draft's timing, one verify.
+        assert count <= n + 2, (counts, drafted)
 
 
-def test_p_min_at_a_fixed_k_reads_the_draft_back_once(llama):
+def test_p_min_at_a_fixed_k_reads_one_confidence_per_drafted_token(llama):
     target, tokenizer, draft = llama
     drafter = DraftModelDrafter(draft, 320)
     counts, drafted = syncs_per_step(
         target, tokenizer.encode(PROMPTS[1]), drafter, FixedK(4, p_min=0.5), GREEDY
     )
-    assert any(drafted) and all(count == 2 for count, n in zip(counts, drafted, strict=True) if n)
+    assert any(drafted)
+    assert all(count == n + 1 for count, n in zip(counts, drafted, strict=True) if n)
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle"])

@@ -7,9 +7,12 @@ never consumed it), then drafts one token per call, each call queued before the 
 for the one before it.
 
 It samples as the step's `SamplingConfig` says and stores none, so one loaded drafter (and its
-cache) serves requests of any temperature. With a stop rule it drafts `stop.lookahead` tokens,
-reads their confidences back in one transfer and cuts the draft after the first token the rule
-stops at; only a draft that goes on past them all drafts (and reads back) more.
+cache) serves requests of any temperature. With a stop rule (always under `-k auto`) the host
+reads each drafted token's confidence before it drafts the next, one scalar per token: the
+draft ends exactly where the rule says, no call is spent past it. Reading them back once per
+step instead (drafting a chunk, then cutting it) was measured slower on the Qwen pair (0.72 to
+0.88 times the tokens per second, T = 0): the calls it wastes past the cut cost far more than
+the syncs it saves (docs/adaptive-k.md).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ class DraftModelDrafter:
         # from exactly the distribution it reports.
         self.vocab_size = vocab_size
         self._fed: list[int] = []  # inputs of the current proposal's first call
-        self._n_kept = 0  # drafted tokens the proposal kept (after a stop rule's cut)
 
     def prefill(self, context: list[int], target: Sequence) -> None:
         self.sequence.sync(context)
@@ -44,43 +46,36 @@ class DraftModelDrafter:
     def propose(
         self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
     ) -> Draft:
-        """Draft k tokens lazily; with a stop rule, read their confidences back once per
-        `stop.lookahead` tokens and end the draft where the rule says."""
+        """Draft k tokens, each call queued before the host waits for the one before it.
+        With a stop rule the host reads each token's confidence (one scalar per token) and
+        ends the draft where the rule says; without one, nothing syncs here."""
         self._fed = context[len(self.sequence.tokens) :]
         inputs = mx.array(self._fed, mx.uint32)
-        tokens: list[mx.array] = []
-        probs: list[mx.array] = []
-        confidences: list[mx.array] = []
-        read: tuple[float, ...] = ()
-        n_kept = None  # where the stop rule cut the draft, once it has
-        while len(tokens) < k and n_kept is None:
-            chunk = k - len(tokens) if stop is None else min(stop.lookahead, k - len(tokens))
-            for _ in range(chunk):
-                logits = self._fit_vocab(self.sequence.forward(inputs)[-1])
-                token, token_probs = sample(logits, sampling)
-                tokens.append(token)
-                if token_probs is not None:
-                    probs.append(token_probs)
-                if stop is not None:
-                    confidences.append(_confidence(logits, token, token_probs))
+        tokens, probs, confidences = [], [], []
+        for i in range(k):
+            logits = self._fit_vocab(self.sequence.forward(inputs)[-1])
+            token, token_probs = sample(logits, sampling)
+            tokens.append(token)
+            if token_probs is not None:
+                probs.append(token_probs)
+            if stop is not None:
+                confidences.append(_confidence(logits, token, token_probs).item())
+                # An unsure token ends the draft, but is verified with it: its call is spent
+                # already, and one more verified token costs little.
+                if not stop(tuple(confidences)):
+                    break
+            if i < k - 1:
                 inputs = token[None]
                 mx.async_eval(token)
-            if stop is not None:
-                read = tuple(mx.stack(confidences).tolist())  # this chunk's one read-back
-                n_kept = stop.cut(read, start=len(read) - chunk)
-        n_kept = len(tokens) if n_kept is None else n_kept
-        self._n_kept = n_kept
         return Draft(
-            mx.stack(tokens[:n_kept]),
-            mx.stack(probs[:n_kept]) if probs else None,
-            confidences=read[:n_kept] if stop is not None else None,
-            calls=len(tokens),
+            mx.stack(tokens),
+            mx.stack(probs) if probs else None,
+            confidences=tuple(confidences) if confidences else None,
         )
 
     def commit(self, verdict: Verdict) -> None:
-        # The model consumed every drafted token but its last; those past a stop rule's cut
-        # were never proposed. The last kept draft is fed next time if the target kept it.
-        n_consumed = min(self.sequence.n_unconfirmed - len(self._fed), self._n_kept)
+        # The model consumed the first k-1 drafts; the k-th is fed next time if it was kept.
+        n_consumed = self.sequence.n_unconfirmed - len(self._fed)
         self.sequence.settle(self._fed + verdict.accepted[:n_consumed])
 
     def _fit_vocab(self, logits: mx.array) -> mx.array:

@@ -7,7 +7,8 @@ one call; the loop warps the target's logits (here, for chains and trees alike) 
 acceptance rule from `specmlx.engine.verify` keeps a prefix (a path, for a tree) of the drafts
 and adds one token of the target's own; both sides drop what was not kept; the loop yields the
 step's one record, `Step`, which the policy observes. One host sync per step, plus one where
-a proposal is read back before it is verified (a tree, or a draft a stop rule may cut).
+a tree is read back to be built, and one per drafted token where a stop rule reads the draft
+model's confidences (docs/how-it-works.md says why that pays).
 Without a drafter the loop is plain decoding, the baseline, double-buffered as mlx-lm's: the
 next token's call is queued before the host reads the current one.
 """
@@ -129,8 +130,8 @@ def decode(
         if draft is not None and draft.size == 0:
             draft = None  # nothing to propose (an n-gram miss): a plain step
         draft_seconds = None
-        if draft is not None and (draft.tree is not None or draft.confidences is not None):
-            draft_seconds = time.perf_counter() - start  # read back already: it is done
+        if draft is not None and draft.tree is not None:
+            draft_seconds = time.perf_counter() - start  # the tree was read back: it is done
         elif draft is not None and plan.time_draft:
             mx.eval(draft.tokens)  # the draft calls, timed apart from the verify call
             draft_seconds = time.perf_counter() - start
@@ -162,7 +163,6 @@ def decode(
             finish,
             draft_seconds,
             requested=k if draft is not None else 0,
-            draft_calls=draft.calls if draft is not None else 0,
             confidences=draft.confidences if draft is not None else None,
             tree=draft is not None and draft.tree is not None,
         )

@@ -1,6 +1,6 @@
 """The step contract: what the loop, a drafter and a policy say to each other in one step.
 
-Before a step the policy hands the loop a `Plan` (how many tokens to ask for, and a `StopRule`
+Before a step the policy hands the loop a `Plan` (how many tokens to ask for, and a stop rule
 for drafters that report confidence). The loop caps the plan's k once (`draft_length`) and
 asks the drafter to `propose(context, k, sampling, stop)`: a `Draft`, a chain or a tree. The
 target scores it in one call; the drafter learns what was kept from a `Verdict` and rewinds
@@ -29,27 +29,9 @@ if TYPE_CHECKING:
     from specmlx.engine.cache import Sequence
 
 
-@dataclass(frozen=True)
-class StopRule:
-    """When a drafter that reports confidence ends its draft before k tokens.
-
-    `goes_on(confidences)`: given the drafter's own probabilities of the tokens drafted so
-    far, draft one more? The token where it says no is still proposed (its call is spent).
-    `lookahead`: tokens the drafter drafts between two reads of their confidences, the draft
-    length the policy expects; the host reads them back once per `lookahead` tokens, not once
-    per token, so a draft that ends where expected costs one read-back.
-    """
-
-    goes_on: Callable[[tuple[float, ...]], bool]
-    lookahead: int
-
-    def cut(self, confidences: tuple[float, ...], start: int = 0) -> int | None:
-        """The draft length where the rule ends the draft (that token included), looking
-        at positions from `start` on; None when it goes on past all of them."""
-        for n in range(start + 1, len(confidences) + 1):
-            if not self.goes_on(confidences[:n]):
-                return n
-        return None
+# Given the drafter's own probabilities of the tokens drafted so far: draft one more? The
+# token where it says no is still proposed (its call is spent).
+StopRule = Callable[[tuple[float, ...]], bool]
 
 
 @dataclass(frozen=True)
@@ -104,9 +86,6 @@ class Draft:
     tree: Tree | None = None
     # The drafter's own probability of each token it drafted, where it reports them.
     confidences: tuple[float, ...] | None = None
-    # Model calls the proposal spent: one per drafted token for a draft model, and more where
-    # a stop rule cut tokens already drafted (0: it runs no model per token).
-    calls: int = 0
 
     def __post_init__(self) -> None:
         assert self.tree is None or self.probs is None, "tree drafts are deterministic"
@@ -149,10 +128,9 @@ class Step:
     seconds: float  # wall time of the step, measured after its sync
     finish: str | None  # "stop" (a stop token), "length" (max_tokens), or None
     # The proposal's own time, where it was timed apart from the verify call (tree drafts
-    # and drafts cut by a stop rule read their tokens back anyway; chains when the plan asks).
+    # read their tree back anyway; chains when the plan asks).
     draft_seconds: float | None = None
     requested: int = 0  # tokens asked of the drafter after the cap; 0: nothing proposed
-    draft_calls: int = 0  # the drafter's model calls (Draft.calls)
     confidences: tuple[float, ...] | None = None  # the drafter's, where it reports them
     tree: bool = False
 

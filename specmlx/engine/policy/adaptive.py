@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from specmlx.engine.costs import CostProfile
 from specmlx.engine.policy.estimators import AcceptanceRates, ConfidenceBins, expectations
 from specmlx.engine.policy.pricing import LearnedCosts, Pricing
-from specmlx.engine.step import DrafterTraits, Plan, Step, StopRule
+from specmlx.engine.step import DrafterTraits, Plan, Step
 
 # Standard errors added to the first position's acceptance before falling back: one, so a
 # response's first misses (its first tokens are often missed) do not decide alone.
@@ -146,23 +146,13 @@ class AdaptiveK:
     def _speculate(self, k: int, rates: list[float]) -> Plan:
         if not self.traits.reports_confidence:
             return Plan(k)
-        # The draft decides its own length (`k` is what the rates favour; the stop rule may
-        # go on past it): the rates by position would only cap a sure stretch. One more token costs a draft call and one more verified token, at the
+        # The draft decides its own length: the rates by position would only cap a sure
+        # stretch. One more token costs a draft call and one more verified token, at the
         # best rate the time could otherwise earn.
         self._threshold = self.p_min if self.p_min is not None else self._auto_threshold(rates)
         self._chances = self.confidence.fitted()
-        curve = self.acceptance.curve(self.max_k + 1)
-        self._following = [rate for _, rate in curve]
-        stop = StopRule(self.goes_on, lookahead=self._expected_length(curve))
-        return Plan(self.max_k, stop, time_draft=self.traits.uses_model)
-
-    def _expected_length(self, curve: list[tuple[float, float]]) -> int:
-        """Tokens to draft before reading their confidences back: the length this drafter's
-        drafts have been ending at (D(max_k), from where its stop rule ended them). A draft
-        that ends about there costs one read-back and few calls past its end; one that runs
-        on costs another read-back, not a wasted call per token."""
-        _, drafted = expectations(curve[: self.max_k])
-        return max(1, min(self.max_k, round(drafted[-1])))
+        self._following = [rate for _, rate in self.acceptance.curve(self.max_k + 1)]
+        return Plan(self.max_k, self.goes_on, time_draft=self.traits.uses_model)
 
     def _auto_threshold(self, rates: list[float]) -> float:
         span = min(MARGINAL_SPAN, self.max_k)
@@ -207,6 +197,4 @@ class AdaptiveK:
         # The first speculative step after plain ones also pays for the draft model
         # catching up on the plain stretch: a cost of falling back, not of speculating.
         if teaches and not after_plain:
-            # A draft model's calls: those a stop rule cut after drafting count too.
-            calls = step.draft_calls if self.traits.uses_model else step.n_drafted
-            self.pricing.learn(step.seconds, calls, verified, step.draft_seconds)
+            self.pricing.learn(step.seconds, step.n_drafted, verified, step.draft_seconds)

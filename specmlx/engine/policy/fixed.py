@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specmlx.engine.step import Plan, Step, StopRule
+from specmlx.engine.step import Plan, Step
 from specmlx.errors import UsageError
 
 
@@ -12,8 +12,7 @@ from specmlx.errors import UsageError
 class FixedK:
     """Always ask for k tokens (0: plain decoding). With `p_min`, a drafter that reports
     confidence ends its draft after a token less probable than that (llama.cpp's
-    `--draft-p-min`; here that token is still verified, its call being spent, and the k
-    tokens are drafted before their confidences are read back, once)."""
+    `--draft-p-min`; here that token is still verified, its call being spent)."""
 
     k: int
     p_min: float | None = None
@@ -23,9 +22,7 @@ class FixedK:
             raise UsageError(f"k must be at least 1 (or auto), got {self.k}")
         if self.p_min is not None and not 0 <= self.p_min <= 1:
             raise UsageError(f"p_min must be between 0 and 1, got {self.p_min}")
-        # The whole draft is read back at once and cut after its first unsure token.
-        stop = StopRule(self._confident_enough, lookahead=self.k) if self.p_min else None
-        self._plan = Plan(self.k, stop)
+        self._plan = Plan(self.k, self._confident_enough if self.p_min else None)
 
     def _confident_enough(self, confidences: tuple[float, ...]) -> bool:
         return confidences[-1] >= self.p_min

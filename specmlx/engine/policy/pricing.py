@@ -134,9 +134,7 @@ class Pricing:
         verified: int,
         draft_seconds: float | None,
     ) -> None:
-        """A step's wall time (a plain one when `drafted` is 0), and its draft calls' part.
-        `drafted`: the tokens drafted, one call each for a draft model (those a stop rule
-        cut included), `verified` the tokens the target scored."""
+        """A step's wall time (a plain one when `drafted` is 0), and its draft calls' part."""
         unit = self.profile.target_call_seconds
         if drafted == 0:
             self.learned.observe_speed(seconds / unit)
