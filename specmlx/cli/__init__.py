@@ -5,6 +5,8 @@ Heavy imports (mlx, mlx-lm, transformers) happen inside the commands, so `specml
 answers at once. Errors the user can act on (`SpecmlxError`) become one line on stderr and a
 non-zero exit; Ctrl-C stops the work and exits 130. The options generate, chat and bench
 share are declared once, in `specmlx.cli.options`; the methods come from `specmlx.api.methods`.
+
+The top floor: it may import every floor below it, and nothing imports it.
 """
 
 from __future__ import annotations

@@ -111,9 +111,9 @@ def bench(
 
     from specmlx.api.calibration import load_or_measure
     from specmlx.api.load import load
+    from specmlx.bench.environment import environment
     from specmlx.bench.run import run
     from specmlx.bench.summary import build_report
-    from specmlx.engine.device import environment
     from specmlx.progress import progress_bar
 
     err = Console(stderr=True)

@@ -5,6 +5,9 @@ each is bound to the one target it was trained on. The kinds are listed once, in
 `specmlx.heads.kinds`. `load_heads` reads our folders and the published Medusa / EAGLE /
 EAGLE-3 layouts, `save_heads` writes ours. MLX is imported on first use of these names, so
 the CLI's `train-heads` command (specmlx/cli/heads.py) keeps `specmlx --help` fast.
+
+The heads floor sits below the drafters (which run these modules) and imports only the engine
+and io; training them is the training floor's work, above the API.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ run (docs/adaptive-k.md):
   syncs, sampling, kernels a GPU builds for a new shape, a calibration point that was off),
   per number of tokens verified, each size leaning on the mean over all sizes.
 
-`LearnedCosts` lives with the loaded models (`specmlx.api.Models`), keyed by drafter kind and
+`LearnedCosts` lives with the loaded models (`specmlx.api.models.Models`), keyed by drafter kind and
 sampler, so a response starts from what earlier ones measured.
 """
 
