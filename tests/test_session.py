@@ -84,3 +84,16 @@ def test_one_session_streams_what_generate_returns(models):
     for _ in range(2):  # the second request reuses the caches the first left
         got = [t for event in session.stream(ids) for t in event.token_ids]
         assert got == want.token_ids
+
+
+def test_policies_are_kept_for_the_samplers_used_last(models):
+    from specmlx.api.session import MAX_POLICIES
+
+    session = Session(models, CONFIG)
+    first = session.policy(SamplingConfig())
+    for i in range(MAX_POLICIES + 3):
+        session.policy(SamplingConfig(temperature=0.1 + i / 100))
+    assert len(session._policies) == MAX_POLICIES
+    assert session.policy(SamplingConfig()) is not first  # the oldest went
+    hot = SamplingConfig(temperature=0.5)
+    assert session.policy(hot) is session.policy(hot)

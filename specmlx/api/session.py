@@ -32,6 +32,8 @@ from specmlx.engine.step import Drafter, Step
 
 # What a request may set for itself; the rest of a config shapes the drafter and the policy.
 PER_REQUEST = ("max_tokens", "sampling", "seed", "chat_template")
+# Policies kept for the samplers used last: a server's clients may each send another one.
+MAX_POLICIES = 16
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class Session:
         self.profile = profile
         self.target = Sequence(models.target)
         self.drafter: Drafter | None = self.method.build(models, self.options)
-        self._policies: dict[SamplingConfig, Policy] = {}
+        self._policies: dict[SamplingConfig, Policy] = {}  # in order of last use
         self.policy(config.sampling)  # calibrates now, if it must, not in a request's time
 
     def reset(self) -> None:
@@ -102,9 +104,11 @@ class Session:
         """The policy of requests with this sampler: fixed k, or adaptive from calibrated
         costs and what earlier steps measured (each sampler adds its own per-step cost:
         greedy, top-p, top-k); made on first use, then kept."""
-        if sampling not in self._policies:
-            self._policies[sampling] = self._make_policy(sampling)
-        return self._policies[sampling]
+        policy = self._policies.pop(sampling, None) or self._make_policy(sampling)
+        self._policies[sampling] = policy  # the most recent last
+        while len(self._policies) > MAX_POLICIES:
+            del self._policies[next(iter(self._policies))]
+        return policy
 
     def _make_policy(self, sampling: SamplingConfig) -> Policy:
         p_min = getattr(self.options, "p_min", None)

@@ -9,10 +9,8 @@ for the one before it.
 It samples as the step's `SamplingConfig` says and stores none, so one loaded drafter (and its
 cache) serves requests of any temperature. With a stop rule (always under `-k auto`) the host
 reads each drafted token's confidence before it drafts the next, one scalar per token: the
-draft ends exactly where the rule says, no call is spent past it. Reading them back once per
-step instead (drafting a chunk, then cutting it) was measured slower on the Qwen pair (0.72 to
-0.88 times the tokens per second, T = 0): the calls it wastes past the cut cost far more than
-the syncs it saves (docs/adaptive-k.md).
+draft ends exactly where the rule says, and no call is spent past it: a draft call costs far
+more than the sync of one scalar (docs/adaptive-k.md).
 """
 
 from __future__ import annotations
