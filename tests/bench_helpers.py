@@ -28,7 +28,8 @@ def by_name(report: Report, field: str, temperature: float = 0.0) -> dict:
 
 
 def fake_environment() -> dict:
-    """An environment as `specmlx.bench.environment` reports it, for reports built without a model."""
+    """An environment as `specmlx.bench.environment` reports it, for reports built without
+    a model."""
     model = {"path": None, "dtype": "float32", "quantization": None, "parameters": 1, "bytes": 4}
     return {
         "specmlx": "0",

@@ -11,10 +11,9 @@ import pytest
 from mlx.utils import tree_flatten, tree_map
 from typer.testing import CliRunner
 
-from specmlx.api.config import GenerationConfig
+from specmlx.api.config import GenerationConfig, method_of
 from specmlx.api.load import load
 from specmlx.api.methods import EagleOptions, MedusaOptions
-from specmlx.api.session import method_of
 from specmlx.cli import app
 from specmlx.cli.options import MethodFlags
 from specmlx.heads import HeadsConfig, save_heads

@@ -1,4 +1,5 @@
-"""`specmlx.bench.overhead`: per-step host time and syncs of every method, on tiny in-process models."""
+"""`specmlx.bench.overhead`: per-step host time and syncs of every method, on tiny
+in-process models."""
 
 from __future__ import annotations
 

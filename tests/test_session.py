@@ -13,6 +13,7 @@ from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt
 from specmlx.api.session import Session
 from specmlx.engine.sampling import SamplingConfig
+from specmlx.errors import UsageError
 from specmlx.server.engine import Done, Engine, Text
 
 CONFIG = GenerationConfig(method="draft", k=3, max_tokens=12)
@@ -73,7 +74,7 @@ def test_a_request_may_not_change_what_shapes_the_drafter(models):
     session = Session(models, CONFIG)
     ids = encode_prompt(models, FIRST, True)
     assert list(session.stream(ids, replace(CONFIG, max_tokens=3)))  # its own length: fine
-    with pytest.raises(ValueError, match="share its k"):
+    with pytest.raises(UsageError, match="share its k"):
         list(session.stream(ids, replace(CONFIG, k=5)))
 
 

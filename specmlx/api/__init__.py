@@ -4,10 +4,11 @@
     models = specmlx.load("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
     result = specmlx.generate(models, "def quicksort(xs):", specmlx.GenerationConfig(k=4))
 
-Modules: `config` (Models, GenerationConfig), `methods` (the table of drafting methods),
-`load`, `calibration` (the call costs adaptive k prices, cached per device), `session` (one
-loaded pair's target sequence, drafter and policies), `generate` (generate and stream), and
-`chat`. It may import the drafters, the heads, the engine and io; the floors above it
-(training, bench, server, cli) import it. Nothing is imported here, so that the CLI's option
-parsing can read the methods table without loading MLX.
+Modules: `config` (GenerationConfig, and which method it runs), `models` (Models),
+`methods` (the table of drafting methods), `load`, `calibration` (the call costs adaptive k
+prices, cached per device), `session` (one loaded pair's target sequence, drafter and
+policies), `generate` (generate and stream), and `chat`. It may import the drafters, the
+heads, the engine and io; the floors above it (testing, training, bench, server, cli) import
+it. Nothing is imported here, so that the CLI's option parsing can read the methods table
+without loading MLX.
 """

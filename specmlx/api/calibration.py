@@ -41,15 +41,15 @@ def _model_key(model: nn.Module | None, path: Path | None) -> dict[str, Any] | N
 
 def calibration_key(models: Any, with_draft: bool) -> dict[str, Any]:
     """Everything the costs depend on, as plain data."""
-    from specmlx.engine import device as envinfo
+    from specmlx.engine import device
 
     return {
         "measurement": MEASUREMENT,
         "mlx": mx.__version__,
         "device": str(mx.default_device()),
-        "backend": envinfo.backend(),
+        "backend": device.backend(),
         "cpu": platform.processor() or platform.machine(),
-        "blas": envinfo.blas_in_use() if envinfo.backend() == "cpu" else None,
+        "blas": device.blas_in_use() if device.backend() == "cpu" else None,
         "target": _model_key(models.target, models.target_path),
         "draft": _model_key(models.draft, models.draft_path) if with_draft else None,
     }

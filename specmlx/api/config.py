@@ -1,15 +1,20 @@
 """How to generate: `GenerationConfig`, in a module of its own (what is loaded is
 `specmlx.api.models.Models`), so that the session, the server, the bench and the CLI can
-name it without importing how it is used.
+name it without importing how it is used; and which method a config runs on loaded models
+(`method_of`, `options_of`, `method_settings`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from specmlx.api.methods import MethodOptions, method, owner_of
+from specmlx.api.methods import METHODS, Method, MethodOptions, method, owner_of
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
+
+if TYPE_CHECKING:
+    from specmlx.api.models import Models
 
 
 @dataclass(frozen=True)
@@ -48,3 +53,30 @@ class GenerationConfig:
             raise UsageError(f"max-k must be at least 1, got {self.max_k}")
         if self.max_tokens < 1:
             raise UsageError(f"max-tokens must be at least 1, got {self.max_tokens}")
+
+
+def method_of(models: Models, config: GenerationConfig) -> Method:
+    """The method a config asks for: named, implied by its options, or by default the draft
+    model when one is loaded, else the heads when some are."""
+    if config.method is not None:
+        return METHODS[config.method]
+    if config.options is not None:
+        return owner_of(config.options)
+    if models.draft is None and models.heads:
+        return METHODS[next(iter(models.heads))]
+    return METHODS["draft" if models.draft is not None else "none"]
+
+
+def options_of(models: Models, config: GenerationConfig) -> MethodOptions:
+    """The options the method runs with: the config's, or the method's defaults."""
+    return config.options if config.options is not None else method_of(models, config).options()
+
+
+def method_settings(models: Models, config: GenerationConfig) -> dict[str, Any]:
+    """What shapes a method's drafts, for reports: k, and the method's options."""
+    used = method_of(models, config)
+    if used.name == "none":
+        return {}
+    settings: dict[str, Any] = {"k": "auto" if config.k is None else config.k}
+    settings.update(used.settings(options_of(models, config)))
+    return {key: value for key, value in settings.items() if value is not None}

@@ -6,9 +6,10 @@
     print(result.text, result.stats.acceptance_rate)
 
 `stream_generate` yields one `GenerationEvent` per target call, with the new text, the new
-token ids and running statistics; each call generates through a `Session` of its own (a
-script that sends many prompts to one pair keeps one `specmlx.api.session.Session`). `ChatSession` keeps a conversation and its caches, so each
-turn prefills only what is new (`specmlx.api.chat`).
+token ids and running statistics; each call generates through a `Session` of its own (a script
+that sends many prompts to one pair keeps one `specmlx.api.session.Session`). `ChatSession`
+keeps a conversation and its caches, so each turn prefills only what is new
+(`specmlx.api.chat`).
 """
 
 from __future__ import annotations

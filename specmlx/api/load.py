@@ -12,10 +12,9 @@ from typing import Any
 
 import mlx.nn as nn
 
-from specmlx.api.config import GenerationConfig
+from specmlx.api.config import GenerationConfig, method_of
 from specmlx.api.methods import METHODS
 from specmlx.api.models import Models
-from specmlx.api.session import method_of
 from specmlx.errors import SpecmlxError, UsageError
 
 
@@ -110,6 +109,8 @@ def load_for(
     wraps each slow part (the CLI shows a spinner).
 
     Without a method, heads given draft: the registry pair's draft model stays unloaded.
+    (The bench loads with `load`, for the several methods it runs; train-heads loads only a
+    target.)
     """
     named = METHODS[config.method] if config.method is not None else None
     default_draft = named.needs_draft_model if named is not None else not heads

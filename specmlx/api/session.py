@@ -15,12 +15,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import Any
 
 import mlx.core as mx
 
-from specmlx.api.config import GenerationConfig
-from specmlx.api.methods import METHODS, Method, MethodOptions, owner_of
+from specmlx.api.config import GenerationConfig, method_of, options_of
 from specmlx.api.models import CostKey, Models
 from specmlx.engine.cache import Sequence
 from specmlx.engine.costs import CostProfile
@@ -29,6 +27,7 @@ from specmlx.engine.policy import AdaptiveK, FixedK, LearnedCosts, Policy
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.engine.step import Drafter, Step
+from specmlx.errors import UsageError
 
 # What a request may set for itself; the rest of a config shapes the drafter and the policy.
 PER_REQUEST = ("max_tokens", "sampling", "seed", "chat_template")
@@ -44,33 +43,6 @@ class GenerationEvent:
     token_ids: tuple[int, ...]
     step: Step
     stats: Stats
-
-
-def method_of(models: Models, config: GenerationConfig) -> Method:
-    """The method a config asks for: named, implied by its options, or by default the draft
-    model when one is loaded, else the heads when some are."""
-    if config.method is not None:
-        return METHODS[config.method]
-    if config.options is not None:
-        return owner_of(config.options)
-    if models.draft is None and models.heads:
-        return METHODS[next(iter(models.heads))]
-    return METHODS["draft" if models.draft is not None else "none"]
-
-
-def options_of(models: Models, config: GenerationConfig) -> MethodOptions:
-    """The options the method runs with: the config's, or the method's defaults."""
-    return config.options if config.options is not None else method_of(models, config).options()
-
-
-def method_settings(models: Models, config: GenerationConfig) -> dict[str, Any]:
-    """What shapes a method's drafts, for reports: k, and the method's options."""
-    used = method_of(models, config)
-    if used.name == "none":
-        return {}
-    settings: dict[str, Any] = {"k": "auto" if config.k is None else config.k}
-    settings.update(used.settings(options_of(models, config)))
-    return {key: value for key, value in settings.items() if value is not None}
 
 
 class Session:
@@ -89,6 +61,8 @@ class Session:
         self.options = options_of(models, config)
         self.profile = profile
         self.target = Sequence(models.target)
+        tokenizer = models.tokenizer  # None for the tiny models of `specmlx.testing`
+        self.stop_tokens = frozenset(tokenizer.eos_token_ids if tokenizer is not None else ())
         self.drafter: Drafter | None = self.method.build(models, self.options)
         self._policies: dict[SamplingConfig, Policy] = {}  # in order of last use
         self.policy(config.sampling)  # calibrates now, if it must, not in a request's time
@@ -147,14 +121,16 @@ class Session:
             if f.name not in PER_REQUEST and getattr(config, f.name) != getattr(
                 self.config, f.name
             ):
-                raise ValueError(f"a session's requests share its {f.name}; start another session")
+                raise UsageError(f"a session's requests share its {f.name}; start another session")
         return config
 
     def steps(
         self, prompt_ids: list[int], config: GenerationConfig | None = None
     ) -> Iterator[Step]:
         """The loop's steps for `prompt_ids`, as `decode` yields them: no text, no statistics."""
-        config = self.request(config)
+        return self._decode(prompt_ids, self.request(config))
+
+    def _decode(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
         return decode(
             self.target,
             prompt_ids,
@@ -162,9 +138,7 @@ class Session:
             policy=self.policy(config.sampling),
             max_tokens=config.max_tokens,
             sampling=config.sampling,
-            stop_tokens=frozenset(self.models.tokenizer.eos_token_ids)
-            if self.models.tokenizer is not None
-            else frozenset(),
+            stop_tokens=self.stop_tokens,
         )
 
     def stream(
@@ -173,19 +147,17 @@ class Session:
         """Stream the continuation of `prompt_ids`, one event per target call. Stopping
         early (closing the generator) leaves the caches consistent for the next request."""
         config = self.request(config)
-        tokenizer = self.models.tokenizer
         if config.seed is not None:
             mx.random.seed(config.seed)
         mx.reset_peak_memory()
-        detokenizer = tokenizer.detokenizer
+        detokenizer = self.models.tokenizer.detokenizer
         detokenizer.reset()
-        stop = frozenset(tokenizer.eos_token_ids)
         stats = Stats(prompt_tokens=len(prompt_ids))
         start = time.perf_counter()
-        for step in self.steps(prompt_ids, config):
+        for step in self._decode(prompt_ids, config):
             stats = stats.add(step, time.perf_counter() - start)
             for token in step.tokens:
-                if token not in stop:
+                if token not in self.stop_tokens:
                     detokenizer.add_token(token)
             if step.finish is not None:
                 detokenizer.finalize()

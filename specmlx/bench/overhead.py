@@ -1,12 +1,13 @@
 """specmlx's own cost per step: host time and host syncs, with the models' time taken away.
 
 `measure_overhead` runs every method (the target alone, the draft model, prompt lookup,
-lookahead, Medusa and EAGLE heads) at each k asked for, fixed or adaptive, through the one
-loop (`specmlx.engine.decode.decode`) on tiny random-weight llamas built in-process (`specmlx.testing.tiny_models`: hidden 64,
-2 layers, a vocabulary of 512; the draft model is a second one, other weights, same
-vocabulary; the heads have small random weights, their trees a fixed 32 nodes). Their calls take a fraction of a millisecond, so what a step costs here is
-what specmlx adds around the calls: drafting logic, verification, rewinds, the policy.
-No tokenizer is involved: the loop takes token ids, and nothing stops a generation early.
+lookahead, Medusa and EAGLE heads) at each k asked for, fixed or adaptive, through the one loop
+(`specmlx.engine.decode.decode`) on tiny random-weight llamas built in-process
+(`specmlx.testing.tiny_models`: hidden 64, 2 layers, a vocabulary of 512; the draft model is a
+second one, other weights, same vocabulary; the heads have small random weights, their trees a
+fixed 32 nodes). Their calls take a fraction of a millisecond, so what a step costs here is
+what specmlx adds around the calls: drafting logic, verification, rewinds, the policy. No
+tokenizer is involved: the loop takes token ids, and nothing stops a generation early.
 
 Per row it reports the median wall time of a step (as the caller sees it: from one step's
 output to the next's) and the host syncs a step makes, counted by

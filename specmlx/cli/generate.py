@@ -36,8 +36,8 @@ def generate(
     """Generate a continuation of PROMPT, speculatively when a draft is given."""
     import json
 
+    from specmlx.api.config import method_of, method_settings
     from specmlx.api.generate import stream_generate
-    from specmlx.api.session import method_of, method_settings
     from specmlx.cli.display import stats_line
 
     config = opts.generation_config(method, k, temp, seed, chat_template=not no_chat_template)
@@ -79,7 +79,7 @@ def chat(
     from rich.console import Console
 
     from specmlx.api.chat import ChatSession
-    from specmlx.api.session import method_of
+    from specmlx.api.config import method_of
     from specmlx.cli.display import live, render, stats_line
 
     config = opts.generation_config(method, k, temp, seed, chat_template=True)

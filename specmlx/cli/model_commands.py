@@ -82,7 +82,7 @@ def calibrate(
     from specmlx.api.config import GenerationConfig
     from specmlx.cli.display import calibration_view
 
-    # k=1: the costs are measured below, not by _load (once, and with --force if asked).
+    # k=1: the costs are measured below, not by load_models (once, and with --force if asked).
     models = load_models(opts, GenerationConfig(method=method, k=1))
     with_draft = models.draft is not None
     with Console(stderr=True).status("calibrating…"):

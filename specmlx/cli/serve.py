@@ -7,16 +7,13 @@ imported when the command runs, so `specmlx --help` stays fast.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from specmlx.cli.common import load_models
 from specmlx.cli.options import KOpt, MethodOpt, SeedOpt, SharedOptions, with_options
 from specmlx.errors import SpecmlxError, UsageError
-
-if TYPE_CHECKING:
-    pass
 
 
 @with_options(SharedOptions, max_tokens=512)
@@ -61,7 +58,7 @@ def serve(
     import uvicorn
     from rich.console import Console
 
-    from specmlx.api.session import method_settings
+    from specmlx.api.config import method_settings
     from specmlx.server.app import create_app, request_logger
     from specmlx.server.engine import Engine
 

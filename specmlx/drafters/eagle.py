@@ -155,7 +155,8 @@ class EagleDrafter:
             return Draft(mx.array([], mx.uint32))  # no hidden state yet: a plain step
         self._reuse(context)
         root = self._feed(context, len(context) - 1)[-1:]  # predicts the token after `last`
-        ids, scores, parents = self._grow(root, k)  # k <= depth: the loop's cap
+        assert k <= self.depth, "the loop caps k at traits.max_depth"
+        ids, scores, parents = self._grow(root, k)
         host = mx.concatenate(
             [self._target_ids(ids).astype(mx.float32), scores, parents.astype(mx.float32)]
         ).tolist()  # the proposal's one sync; token ids below 2**24 are exact in float32

@@ -79,7 +79,7 @@ class MedusaDrafter:
         if n_cached == 0:
             return Draft(mx.array([], mx.uint32), tree=Tree(()))  # nothing to read: plain step
         newest = target.feature_rows(n_cached - 1)[0]  # (F,) it predicted context[-1]
-        # k <= num_heads: the loop caps it (`traits.max_depth`).
+        assert k <= self.heads.config.num_heads, "the loop caps k at traits.max_depth"
         ids, probs = self.heads.top_candidates(newest, self.width, k)  # (k, width)
         host = mx.concatenate([ids.astype(mx.float32), probs]).tolist()  # the one sync here
         builder, scores = self._best_paths(host[:k], host[k:])

@@ -66,7 +66,8 @@ class DrafterTraits:
 def draft_length(k: int, room: int, traits: DrafterTraits) -> int:
     """THE cap on a step's draft: the plan's k, never past max_tokens (a step emits at most
     k + 1 tokens, so `room` is the tokens left minus the target's own) and never deeper than
-    the drafter can draft. Every drafter drafts at most this many tokens on any path."""
+    the drafter can draft. The loop accepts at most this many tokens on any path (a tree
+    may hold deeper nodes for its drafter's own use, as Lookahead's columns)."""
     depth = traits.max_depth if traits.max_depth is not None else k
     return max(0, min(k, room, depth))
 
@@ -156,8 +157,8 @@ class Drafter(Protocol):
     def propose(
         self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
     ) -> Draft:
-        """Up to k tokens to follow `context` (which ends with the last accepted token), on
-        no path deeper than k: the loop has capped k already.
+        """Up to k tokens to follow `context` (which ends with the last accepted token): the
+        loop has capped k already, and accepts at most k on any path of a tree.
 
         A drafter with a model draws its tokens as `sampling` says, and reports the warped
         distributions they were drawn from. A drafter that reports confidence ends the draft

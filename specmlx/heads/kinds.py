@@ -33,7 +33,8 @@ class HeadKind:
     # published layouts (`specmlx.heads.formats`), tried in this table's order.
     readers: tuple[str, ...] = ()
     # The peak learning rate `train-heads` trains it at by default; None: it is not trained
-    # here (specmlx.training.objectives has the objective of every kind that is).
+    # here. `specmlx.training.objectives.OBJECTIVES` must hold exactly the trainable kinds
+    # (tests/test_heads_kinds.py checks it).
     train_lr: float | None = None
 
     @property

@@ -11,17 +11,19 @@ import os
 import tempfile
 from pathlib import Path
 
+# Read once: os.umask can only be read by setting it, which would race between threads.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write through a temporary file in the same folder and rename it into place."""
     raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; an ordinary file would not be
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; an ordinary file would not be
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -4,9 +4,10 @@ MLX work runs on one worker thread; the HTTP side submits a `Job` and reads its 
 (`Text` pieces, then `Done` or `Failed`) from an asyncio queue that the worker fills through
 the event loop. The worker keeps ONE generation `Session` (the target's sequence, the drafter,
 a policy per sampler) alive across requests, so a prompt that extends the previous one (a
-chat's next turn) prefills only what is new, as `ChatSession` does, and a request with
-another temperature keeps the same drafter and its cache. A job cancelled while it waits is dropped; one cancelled while it
-runs stops at its next step, and the closed generator leaves the caches consistent.
+chat's next turn) prefills only what is new, as `ChatSession` does, and a request with another
+temperature keeps the same drafter and its cache. A job cancelled while it waits is dropped;
+one cancelled while it runs stops at its next step, and the closed generator leaves the caches
+consistent.
 """
 
 from __future__ import annotations

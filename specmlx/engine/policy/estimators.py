@@ -116,10 +116,11 @@ class AcceptanceRates:
         """(continuation, acceptance) of positions 0..n-1; position 0 is always drafted.
 
         The first position's acceptance is that of the state the last step left, leaning on
-        the first position's rate in both states, which leans on the prior; `optimism` adds that many standard errors to it (an upper bound, for
-        deciding while evidence is thin). A deeper position leans on the one before it, or
-        on the first position on track if that is higher (a draft that has matched so far
-        tends to go on matching). Continuations lean on the position before them, from 1.
+        the first position's rate in both states, which leans on the prior; `optimism` adds
+        that many standard errors to it (an upper bound, for deciding while evidence is thin).
+        A deeper position leans on the one before it, or on the first position on track if
+        that is higher (a draft that has matched so far tends to go on matching).
+        Continuations lean on the position before them, from 1.
         """
         pooled = self.pooled.mean(self.prior)
         on_track = self.first[1].mean(pooled)
