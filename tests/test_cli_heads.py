@@ -139,6 +139,12 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
     first = invoke(*args, "--draft-vocab", "0")
     assert first.exit_code == 0, first.output
     assert {"config.json", "model.safetensors", "train_log.json"} <= {p.name for p in out.iterdir()}
+    # The heads record where their data came from, not this machine's paths.
+    recorded = (out / "config.json").read_text()
+    data = json.loads(recorded)["training"]["data"]
+    assert data["origin"] == {"prompts": "shipped", "limit": 2}
+    assert data["source"]["kind"] == "generated" and data["source"]["prompts"] == 2
+    assert "dir" not in data and str(tmp_path) not in recorded
     again = invoke(*args, "--draft-vocab", "0")
     assert again.exit_code == 0 and "nothing to do" in again.output
     other = invoke(*args, "--draft-vocab", "64")  # other settings, same OUT

@@ -76,17 +76,20 @@ def chi2_pvalue(samples, joint):
 
 
 def sample_pairs(target, drafter, ids, sampling, k, max_tokens):
+    """The first two tokens of RUNS responses, and how many drafted tokens were kept in all
+    (a test that never accepts a draft only exercises the rejection path)."""
     mx.random.seed(1234)
     sequence = Sequence(target)
-    pairs = []
+    pairs, n_accepted = [], 0
     for _ in range(RUNS):
         out = []
         for step in decode(
             sequence, ids, drafter, policy=FixedK(k), max_tokens=max_tokens, sampling=sampling
         ):
             out.extend(step.tokens)
+            n_accepted += step.n_accepted
         pairs.append((out[0], out[1]))
-    return pairs
+    return pairs, n_accepted
 
 
 SAMPLINGS = [
@@ -106,7 +109,7 @@ def test_speculative_sampling_keeps_target_distribution(models, sampling):
     joint = exact_joint(target, ids, sampling)
     drafter = DraftModelDrafter(close_draft, target.args.vocab_size)
     # k=2 over three tokens: the first two come from drafts, residuals and bonus tokens.
-    pairs = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
+    pairs, _ = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
     assert chi2_pvalue(pairs, joint) > 0.01
 
 
@@ -115,7 +118,7 @@ def test_unrelated_draft_keeps_target_distribution(models):
     sampling = SamplingConfig(temperature=1.0)
     ids = tokenizer.encode(PROMPT)
     drafter = DraftModelDrafter(unrelated, target.args.vocab_size)
-    pairs = sample_pairs(target, drafter, ids, sampling, k=1, max_tokens=2)
+    pairs, _ = sample_pairs(target, drafter, ids, sampling, k=1, max_tokens=2)
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) > 0.01
 
 
@@ -128,14 +131,15 @@ def test_draft_free_methods_keep_target_distribution(models, method):
     ids = tokenizer.encode("fox fox fox The quick brown fox")
     joint = exact_joint(target, ids, sampling)
     if method == "ngram":
-        pairs = sample_pairs(target, NgramDrafter(1, 3), ids, sampling, k=2, max_tokens=3)
+        pairs, _ = sample_pairs(target, NgramDrafter(1, 3), ids, sampling, k=2, max_tokens=3)
     else:
-        pairs = sample_pairs(target, LookaheadDrafter(3, 3, 3), ids, sampling, k=2, max_tokens=3)
+        pairs, _ = sample_pairs(target, LookaheadDrafter(3, 3, 3), ids, sampling, k=2, max_tokens=3)
     assert chi2_pvalue(pairs, joint) > 0.01
 
 
 def test_broken_residual_is_detected(models, monkeypatch):
-    """Drawing rejections from the target instead of the residual biases the output."""
+    """Drawing rejections from the target instead of the residual biases the output.
+    (Trees have their own control: tests/test_heads_medusa.py breaks their fallback.)"""
     target, close_draft, _, tokenizer = models
     sampling = SamplingConfig(temperature=1.0)
     real = verify.rejection_verify
@@ -148,5 +152,5 @@ def test_broken_residual_is_detected(models, monkeypatch):
     monkeypatch.setattr("specmlx.engine.decode.rejection_verify", broken)
     ids = tokenizer.encode(PROMPT)
     drafter = DraftModelDrafter(close_draft, target.args.vocab_size)
-    pairs = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
+    pairs, _ = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) < 0.01

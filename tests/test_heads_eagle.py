@@ -11,6 +11,8 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
+from specmlx.api.methods import METHODS, EagleOptions
+from specmlx.api.models import Models
 from specmlx.drafters.eagle import EagleDrafter, best_tree_size
 from specmlx.engine.cache import Sequence
 from specmlx.engine.decode import decode
@@ -180,13 +182,17 @@ def test_a_draft_vocabulary_subset_maps_back_to_target_ids(family):
 
 
 def test_sampling_keeps_the_target_distribution(tiny_dirs):
+    """The first two tokens, drafted by a perturbed head's trees, are drawn as the target's."""
     model, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
     sampling = SamplingConfig(temperature=1.0, top_p=0.9, top_k=20)
     ids = tokenizer.encode("The quick brown fox")
     drafter = EagleDrafter(
         make_head(model, tiny_dirs["llama"], 0.05), tree_size=12, depth=2, width=4
     )
-    pairs = sample_pairs(model, drafter, ids, sampling, k=2, max_tokens=3)
+    pairs, n_accepted = sample_pairs(model, drafter, ids, sampling, k=2, max_tokens=3)
+    # Drafts were kept (about 450 in the 2500 responses): the tree's accept path is
+    # exercised, not only its fallback.
+    assert n_accepted > 100
     assert chi2_pvalue(pairs, exact_joint(model, ids, sampling)) > 0.01
 
 
@@ -297,3 +303,31 @@ def test_a_drafter_with_costs_sizes_its_trees(family):
         sizes[name] = drafter.propose(ids, 3, SamplingConfig()).size
         drafter.commit(Verdict([]))
     assert sizes == {"free": 15, "dear": 0}
+
+
+def test_a_dearer_proposal_makes_bigger_trees_pay(family):
+    """The drafting's own cost is paid once per step however big the tree: the dearer it
+    is, the more nodes pay for their verification (never fewer)."""
+    _, model, tokenizer, folder = family
+    ids = tokenizer.encode(PROMPT)
+    head = make_head(model, folder, noise=0.05)
+    sizes = []
+    slope = lambda m: 1 + 0.15 * (m - 1)  # noqa: E731
+    for step_cost in [0.0, 0.4, 1.0, 2.0]:
+        drafter = EagleDrafter(head, 16, 3, 4, verify_cost=slope, step_cost=step_cost)
+        target = Sequence(model)
+        target.capture(drafter.traits.features)
+        target.sync(ids)
+        drafter.prefill(ids, target)
+        sizes.append(drafter.propose(ids, 3, SamplingConfig()).size)
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1] <= 15
+
+
+def test_a_cost_sized_method_measures_its_proposals(tiny_dirs):
+    """`--method eagle` without a tree size prices its trees with the target's calibrated
+    v(n) and the proposal's own cost in target calls, timed when the drafter is built."""
+    model, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    models = Models(model, tokenizer, heads={"eagle": make_head(model, tiny_dirs["llama"])})
+    drafter = METHODS["eagle"].build(models, EagleOptions())
+    assert drafter.verify_cost is not None and drafter.step_cost > 0
+    assert METHODS["eagle"].build(models, EagleOptions(tree_size=8)).verify_cost is None

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
+from specmlx.api.methods import METHODS, MedusaOptions
+from specmlx.api.models import Models
 from specmlx.drafters.medusa import MedusaDrafter
+from specmlx.engine import verify
 from specmlx.engine.cache import Sequence
 from specmlx.engine.decode import decode
 from specmlx.engine.features import FeatureSpec, backbone
@@ -25,7 +28,7 @@ from specmlx.heads import HeadsConfig, load_heads, save_heads
 from specmlx.heads import store as heads_store
 from specmlx.heads.base import fingerprint, target_vocab
 from specmlx.heads.medusa import MedusaHeads
-from tests.test_distribution import chi2_pvalue, exact_joint
+from tests.test_distribution import chi2_pvalue, exact_joint, sample_pairs
 
 GREEDY = SamplingConfig()
 PROMPTS = [
@@ -316,25 +319,49 @@ def sharpened(tiny_dirs, scale: float):
     return model, tokenizer
 
 
-def test_sampled_medusa_keeps_the_target_distribution(tiny_dirs):
+def sampled_medusa(tiny_dirs):
+    """A peaked target and heads close enough to it that many drafts are kept."""
     target, tokenizer = sharpened(tiny_dirs, 3.0)
-    sampling = SamplingConfig(temperature=1.0, top_p=0.9, top_k=20)
     ids = tokenizer.encode("The quick brown fox")
     heads = randomized(MedusaHeads.create(medusa_config(target, tokenizer), target), 3, 0.1)
-    drafter = MedusaDrafter(heads, tree_size=16, width=6)
-    mx.random.seed(1234)
-    sequence = Sequence(target)
-    pairs, accepted = [], 0
-    for _ in range(2500):
-        out = []
-        for step in decode(
-            sequence, ids, drafter, policy=FixedK(2), max_tokens=3, sampling=sampling
-        ):
-            out.extend(step.tokens)
-            accepted += step.n_accepted
-        pairs.append((out[0], out[1]))
-    assert accepted > 100  # drafted tokens were kept: the tree's accept path is exercised
+    return target, ids, MedusaDrafter(heads, tree_size=16, width=6)
+
+
+def test_sampled_medusa_keeps_the_target_distribution(tiny_dirs):
+    target, ids, drafter = sampled_medusa(tiny_dirs)
+    sampling = SamplingConfig(temperature=1.0, top_p=0.9, top_k=20)
+    pairs, n_accepted = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
+    assert n_accepted > 100  # drafted tokens were kept: the tree's accept path is exercised
     assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) > 0.01
+
+
+def test_a_broken_tree_fallback_is_detected(tiny_dirs, monkeypatch):
+    """The tree counterpart of tests/test_distribution.py's broken residual: where every
+    child of a node is rejected, drawing from the target itself (the rejected children left
+    in) instead of from the target without them biases the output, and the χ² test sees it."""
+    real = verify.tree_sampling_arrays
+
+    def broken(tree, tokens, target_probs):
+        arrays = real(tree, tokens, target_probs)
+        # "bonus" is a draw from the target itself at each node; a walk reads a node's
+        # bonus only where it stops at its length limit, never together with its fallback.
+        return {**arrays, "fallback": arrays["bonus"]}
+
+    monkeypatch.setattr("specmlx.engine.decode.tree_sampling_arrays", broken)
+    target, ids, drafter = sampled_medusa(tiny_dirs)
+    root_children = []  # per proposal: how many first tokens the tree offers
+    propose = drafter.propose
+
+    def recording(context, k, sampling, stop=None):
+        draft = propose(context, k, sampling, stop)
+        root_children.append(len(draft.tree.children[0]))
+        return draft
+
+    drafter.propose = recording
+    sampling = SamplingConfig(temperature=1.0)
+    pairs, n_accepted = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
+    assert n_accepted > 100 and min(root_children) > 1  # kept drafts, siblings rejected
+    assert chi2_pvalue(pairs, exact_joint(target, ids, sampling)) < 0.01
 
 
 def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay(loaded):
@@ -366,3 +393,12 @@ def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay(loaded):
     assert 0 < some.size < free.size and some.size == best_tree_size(scores, slope, 0.0)
     assert some.tokens.tolist() == free.tokens.tolist()[: some.size]
     assert some.tree.parents == free.tree.parents[: some.size]
+
+
+def test_a_cost_sized_medusa_measures_its_proposals(loaded):
+    model, tokenizer = loaded("llama")
+    heads = MedusaHeads.create(medusa_config(model, tokenizer), model)
+    drafter = METHODS["medusa"].build(
+        Models(model, tokenizer, heads={"medusa": heads}), MedusaOptions()
+    )
+    assert drafter.verify_cost is not None and drafter.step_cost > 0

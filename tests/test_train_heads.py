@@ -466,6 +466,29 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
     assert log["data"]["windows"] < trained  # the held-out answers' windows are not trained on
 
 
+def test_the_draft_vocabulary_is_counted_on_the_trained_sequences_only(models, data_dir, tmp_path):
+    from specmlx.training.train import split_sequences
+
+    data = open_shards(data_dir, whole=True)
+    trained, held = split_sequences(list(range(6)), 2)
+    counts = np.zeros(models.vocab_size, np.int64)
+    for i in trained:
+        counts += np.bincount(
+            data.tokens[data.starts[i] : data.starts[i + 1]], minlength=len(counts)
+        )
+    config = fast(steps=1, holdout=2, draft_vocab=24)
+    train_heads(models, config, data_dir, tmp_path / "h", progress=False)
+    heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
+    expected = draft_vocab(counts, 24, data.manifest["eos_ids"])
+    assert np.array(heads.d2t).tolist() == expected.tolist()
+    everything = draft_vocab(
+        data.index.count_array(models.vocab_size), 24, data.manifest["eos_ids"]
+    )
+    assert expected.tolist() != everything.tolist()  # the held-out answers would change it
+    recorded = (tmp_path / "h" / "config.json").read_text()
+    assert str(data_dir) not in recorded and "dir" not in json.loads(recorded)["training"]["data"]
+
+
 def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_dir, tmp_path):
     from specmlx.training.objectives import with_noise
 
@@ -491,21 +514,59 @@ def test_prompt_positions_are_read_but_never_scored(models, data_dir):
 
     data = open_shards(data_dir, whole=True)
     t2d = t2d_table(None, models.vocab_size)
-    skip = [20] * 6
+    skip = [20] * 6  # positions 0..19 have a prompt token next: the answer starts at 21
     windows = Windows(data, 16, 4, seed=0, skip=skip)
     starts = data.starts[:-1]
-    # A window inside the first 20 positions has nothing to score: none starts there.
+    # Heads at position j draft token j+2: position 19 drafts the answer's first token, the
+    # first scored. A window inside the first 19 positions has nothing to score.
     owner = np.searchsorted(data.starts, windows.starts, side="right") - 1
     assert (windows.starts >= starts[owner] + 16).all()
-    assert (windows.firsts == starts[owner] + 20).all()
+    assert (windows.firsts == starts[owner] + 19).all()
     pos, end, first = windows.positions(0)
     scored = (pos >= first) & (pos + 1 < end)
     assert scored.any() and not scored.all()
     valid = np.array(eagle_batch(data, pos, end, first, t2d, unroll=1)[4])
     assert (valid == scored).all()
-    medusa_valid = np.array(medusa_batch(data, pos, end, first, t2d, heads=2)[2])
-    assert (medusa_valid[0] == ((pos >= first) & (pos + 2 < end))).all()
+    _, labels, medusa_valid = medusa_batch(data, pos, end, first, t2d, heads=2)
+    medusa_valid, labels = np.array(medusa_valid), np.array(labels)
+    assert (medusa_valid[0] == scored).all()
+    assert (medusa_valid[1] == ((pos >= first) & (pos + 2 < end))).all()
+    # Head i's label is the target's greedy token after token j+1+i, as EAGLE's.
+    for i in range(2):
+        ahead = np.minimum(pos + 1 + i, end - 1)
+        assert (labels[i] == np.where(medusa_valid[i], data.nexts[ahead], -1)).all()
     assert len(Windows(data, 16, 4, seed=0)) > len(windows)
+
+
+def test_the_first_scored_position_drafts_the_answers_first_token(models, data_dir):
+    """With the real prompts: at the first scored position, Medusa's first head and EAGLE's
+    first step are both labelled with the answer's first token; the position before is not
+    scored."""
+    from specmlx.api.generate import encode_prompt
+    from specmlx.training.data import prompt_positions
+    from specmlx.training.objectives import Windows, eagle_batch, medusa_batch, t2d_table
+
+    data = open_shards(data_dir, whole=True)
+    t2d = t2d_table(None, models.vocab_size)
+    skip = prompt_positions(models, data.manifest["source"], 6, PROMPTS)
+    assert skip is not None
+    windows = Windows(data, 64, 1, seed=0, skip=skip)
+    checked = 0
+    for pos, end, first in windows.in_order():
+        column = np.flatnonzero(pos[0] == first[0, 0])
+        if not len(column):
+            continue
+        j = int(column[0])
+        owner = int(np.searchsorted(data.starts, first[0, 0], side="right") - 1)
+        answer = int(data.starts[owner]) + len(encode_prompt(models, PROMPTS[owner], True))
+        _, medusa_labels, medusa_valid = medusa_batch(data, pos, end, first, t2d, heads=1)
+        eagle = eagle_batch(data, pos, end, first, t2d, unroll=1)
+        assert int(medusa_labels[0, 0, j]) == int(data.tokens[answer])
+        assert int(eagle[3][0, j]) == int(data.tokens[answer])
+        if j > 0:
+            assert not bool(medusa_valid[0, 0, j - 1]) and not bool(eagle[4][0, j - 1])
+        checked += 1
+    assert checked == 6
 
 
 def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, tmp_path):
@@ -525,3 +586,42 @@ def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, 
     plain = train_heads(models, fast(steps=2, holdout=2), data_dir, tmp_path / "d", False)
     assert same(weights(tmp_path / "c"), weights(tmp_path / "d"))  # the same training
     assert every.heldout != plain.heldout
+
+
+@pytest.mark.parametrize(
+    ("kind", "steps", "lr", "least"), [("medusa", 200, 1e-2, 0.75), ("eagle", 100, 3e-3, 0.6)]
+)
+def test_heads_that_memorise_their_data_draft_what_the_target_generates(
+    models, corpus, data_dir, tmp_path, kind, steps, lr, least
+):
+    """Training and drafting agree on which token each position guesses: heads trained until
+    they know the target's answers keep most of their drafts when the target answers the
+    same prompts greedily. (Labels one position off keep under 1%.) Chains of top-1 guesses
+    (width 1), so that every drafted token is one guess."""
+    from specmlx.api.config import GenerationConfig
+    from specmlx.api.methods import EagleOptions, MedusaOptions
+
+    config = TrainConfig(
+        kind=kind,
+        steps=steps,
+        lr=lr,
+        seq_len=64,
+        batch_tokens=384,
+        draft_vocab=None,
+        warmup=10,
+        holdout=0,
+        checkpoint_every=1000,
+    )
+    train_heads(models, config, data_dir, tmp_path / "h", progress=False)
+    drafting = specmlx.load(str(models.target_path), heads=[str(tmp_path / "h")], progress=False)
+    options = {
+        "medusa": MedusaOptions(tree_size=5, width=1),
+        "eagle": EagleOptions(tree_size=5, depth=4, width=1),
+    }[kind]
+    accepted = drafted = 0
+    for i, prompt in enumerate(PROMPTS):
+        generation = GenerationConfig(method=kind, options=options, k=4, max_tokens=40)
+        result = specmlx.generate(drafting, prompt, generation)
+        assert corpus[i][-len(result.token_ids) :] == result.token_ids  # the data it learned
+        accepted, drafted = accepted + result.stats.accepted, drafted + result.stats.drafted
+    assert drafted > 0 and accepted / drafted >= least

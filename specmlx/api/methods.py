@@ -66,7 +66,8 @@ class LookaheadOptions:
 class MedusaOptions:
     """Medusa heads (`--heads`): trees of the most probable paths through each head's top
     `width` tokens; `tree_size` None keeps as many as pay for their verification (from the
-    calibrated v(n)), a number keeps that many (root included)."""
+    calibrated v(n) and the heads' own cost, timed when built), a number keeps that many
+    (root included)."""
 
     tree_size: int | None = None
     width: int = 8
@@ -80,7 +81,8 @@ class MedusaOptions:
 class EagleOptions:
     """EAGLE heads (`--heads`): a dynamic tree grown `width` nodes wide for up to `depth`
     levels; `tree_size` None keeps as many nodes as pay for their verification (from the
-    calibrated v(n)), a number keeps that many (root included)."""
+    calibrated v(n) and the proposal's own cost, timed when built), a number keeps that many
+    (root included)."""
 
     tree_size: int | None = None
     depth: int = 6
@@ -152,7 +154,14 @@ def _medusa(models: Models, options: MedusaOptions) -> Drafter:
     heads = _heads(models, "medusa")
     if options.tree_size is not None:
         return MedusaDrafter(heads, options.tree_size, options.width)
-    return MedusaDrafter(heads, MAX_TREE, options.width, verify_cost=_verify_cost(models))
+    key = ("medusa", MAX_TREE, options.width)
+    if key not in models.proposal_costs:
+        throwaway = MedusaDrafter(heads, MAX_TREE, options.width)
+        models.proposal_costs[key] = _proposal_cost(models, throwaway, heads.config.num_heads)
+    step_cost = models.proposal_costs[key]
+    return MedusaDrafter(
+        heads, MAX_TREE, options.width, verify_cost=_verify_cost(models), step_cost=step_cost
+    )
 
 
 def _eagle(models: Models, options: EagleOptions) -> Drafter:
@@ -161,9 +170,48 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
     head = _heads(models, "eagle")
     if options.tree_size is not None:
         return EagleDrafter(head, options.tree_size, options.depth, options.width)
+    shape = (MAX_TREE, options.depth, options.width)
+    key = ("eagle", *shape)
+    if key not in models.proposal_costs:
+        throwaway = EagleDrafter(head, *shape)
+        models.proposal_costs[key] = _proposal_cost(models, throwaway, options.depth)
     return EagleDrafter(
-        head, MAX_TREE, options.depth, options.width, verify_cost=_verify_cost(models)
+        head, *shape, verify_cost=_verify_cost(models), step_cost=models.proposal_costs[key]
     )
+
+
+def _proposal_cost(models: Models, drafter: Drafter, k: int, reps: int = 4) -> float:
+    """One proposal `k` levels deep over a one-token target call: the drafting that a
+    cost-sized tree adds to every step's verification (an EAGLE proposal runs ~0.4 target
+    calls, enough to make bigger trees pay). `drafter` is a throwaway of the heads and
+    shape to be built. Both are timed here, alternately, after a short prefill; each keeps
+    its fastest time after a warm-up. Timed once per loaded models (`Models.proposal_costs`). `k` is the drafter's deepest: a shallower step costs
+    less, so this errs toward bigger trees."""
+    import time
+
+    import mlx.core as mx
+
+    from specmlx.engine.cache import Sequence
+    from specmlx.engine.sampling import SamplingConfig
+    from specmlx.engine.step import Verdict
+
+    target = Sequence(models.target)
+    target.capture(drafter.traits.features)
+    context = [(17 * i + 11) % models.vocab_size for i in range(33)]
+    target.sync(context)  # the target holds context[:-1], as at a step
+    drafter.prefill(context, target)
+    proposals, calls = [], []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        draft = drafter.propose(context, k, SamplingConfig())
+        mx.eval(draft.tokens)
+        proposals.append(time.perf_counter() - start)
+        drafter.commit(Verdict([]))
+        start = time.perf_counter()
+        mx.eval(target.forward(mx.array(context[-1:], mx.uint32)))
+        calls.append(time.perf_counter() - start)
+        target.settle([])  # dropped: the next proposal sees the same context
+    return min(proposals[1:]) / min(calls[1:])
 
 
 def _verify_cost(models: Models) -> Callable[[int], float]:

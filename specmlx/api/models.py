@@ -35,6 +35,9 @@ class Models:
     heads: dict[str, Any] = field(default_factory=dict)
     # What adaptive k measured of each drafter's costs on this machine, for the next response.
     learned_costs: dict[CostKey, LearnedCosts] = field(default_factory=dict, repr=False)
+    # A cost-sized tree drafter's proposal over a target call, timed once per loaded models
+    # (by kind and tree shape), for every session built on them.
+    proposal_costs: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
 
     @property
     def vocab_size(self) -> int:

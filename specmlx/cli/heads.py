@@ -179,7 +179,8 @@ def train_heads(
     assert corpus is not None
     data_dir = data or out.with_name(out.name + ".data")
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
-    report = run_training(models, config, data_dir, out, resume=True, prompts=texts)
+    origin = _origin(prompts if self_distill else None, self_distill, limit, files or [])
+    report = run_training(models, config, data_dir, out, resume=True, prompts=texts, origin=origin)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
     heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none"
     err.print(
@@ -188,6 +189,19 @@ def train_heads(
         + f" (held out: {heldout})",
         soft_wrap=True,
     )
+
+
+def _origin(prompts: Path | None, self_distill: bool, limit: int | None, files: list[Path]) -> dict:
+    """Where the data came from, as the heads' config records it: the prompts file by name
+    and the files as given when relative (else by name), never this machine's full paths."""
+    origin: dict = {}
+    if self_distill:
+        origin["prompts"] = prompts.name if prompts is not None else "shipped"
+        if limit is not None:
+            origin["limit"] = limit
+    if files:
+        origin["files"] = [str(f) if not f.is_absolute() else f.name for f in files]
+    return origin
 
 
 def _finished(out: Path) -> dict | None:

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 
 class MedusaDrafter:
     """Token trees from Medusa heads: at most `tree_size` nodes (root included), built from
-    each head's top `width` tokens."""
+    each head's top `width` tokens. Given a `verify_cost` (target call cost by tokens, as
+    `CostProfile.verify_cost`) and the heads' own `step_cost` in the same unit, each
+    proposal keeps the `best_tree_size` of its nodes."""
 
     # Medusa (Cai et al. 2024) reports its first head's top-1 guess right ~60% of the time
     # and its top-5 ~80% on Vicuna-7B; the tree offers several first tokens, but heads
@@ -46,6 +48,7 @@ class MedusaDrafter:
         tree_size: int = 32,
         width: int = 8,
         verify_cost: Callable[[int], float] | None = None,
+        step_cost: float = 0.0,
     ):
         if tree_size < 2 or width < 1:
             raise UsageError(
@@ -55,7 +58,7 @@ class MedusaDrafter:
         self.tree_size = tree_size
         # Given the target's verify costs, each proposal keeps only the nodes that pay for
         # their verification (`best_tree_size`, the paths' scores as acceptance estimates).
-        self.verify_cost = verify_cost
+        self.verify_cost, self.step_cost = verify_cost, step_cost
         self.width = min(width, heads.config.draft_vocab)
         self.traits = DrafterTraits(
             "medusa",
@@ -85,7 +88,7 @@ class MedusaDrafter:
         builder, scores = self._best_paths(host[:k], host[k:])
         n = len(builder.tokens)
         if self.verify_cost is not None:
-            n = best_tree_size(scores, self.verify_cost, 0.0)
+            n = best_tree_size(scores, self.verify_cost, self.step_cost)
         # Nodes came best first, parents before children: any prefix of them is a tree.
         tree = Tree(tuple(builder.parents[:n]))
         return Draft(mx.array(builder.tokens[:n], mx.uint32), tree=tree)

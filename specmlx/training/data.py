@@ -166,7 +166,7 @@ def prompt_positions(
     models: Models, source: dict[str, Any], n: int, prompts: list[str] | None = None
 ) -> list[int] | None:
     """Per cached sequence, its prompt's positions but the last (whose next token is the
-    answer's first): what heads never draft. 0 for pieces of files. # (n,)
+    answer's first): those whose next token is a prompt token. 0 for pieces of files. # (n,)
 
     Read from the corpus' recorded `source`, its prompts told by their hash among `prompts`
     and the shipped set; None when a part's prompts are neither, or when a generated part

@@ -10,10 +10,13 @@ alone, so a resumed run reads exactly the batches an uninterrupted one would.
 
 Medusa (Cai et al. 2024): head i on f_t predicts token t+2+i (head 0: the token after the
 next one, which the target itself predicts from f_t), cross-entropy over the draft
-vocabulary, head i weighted 0.8**i. EAGLE (Li et al. 2024): from (f_j, token j+1) the head
-predicts f_{j+1}, teacher-forced over the window with a causal mask; SmoothL1 to the true
-f_{j+1} plus 0.1 x cross-entropy of its logits against the target's own greedy token after
-token j+1 (or, with `soft`, against the target's distribution over the draft vocabulary).
+vocabulary, head i weighted 0.8**i. Its label is the target's own greedy token there, as
+EAGLE's is: what the target predicts after token t+1+i of the text (teacher-forced), the
+token a draft must match to be kept once the heads before it were right.
+EAGLE (Li et al. 2024): from (f_j, token j+1) the head predicts f_{j+1}, teacher-forced over
+the window with a causal mask; SmoothL1 to the true f_{j+1} plus 0.1 x cross-entropy of its
+logits against the target's own greedy token after token j+1 (or, with `soft`, against the
+target's distribution over the draft vocabulary).
 Targets outside the draft vocabulary are left out of the cross-entropy and count as misses
 in the top-1 accuracy (the heads can never propose them).
 
@@ -59,13 +62,16 @@ class Windows:
         skip: Sequence[int] | None = None,
     ):
         """`sequences`: the cached sequences to cut windows from (default: all of them).
-        `skip[i]`: the leading positions of sequence i that are read but never scored (its
-        prompt's but the last: heads only ever draft answers)."""
+        `skip[i]`: sequence i's leading positions whose next token is a prompt token (its
+        prompt's but the last: `prompt_positions`); heads only ever draft answers. Heads at
+        position j draft token j+2 onwards, one further than the target's next token: the
+        prompt's last position but one drafts the answer's first token, and is the first
+        scored; those before it are read (the context) but never scored."""
         bounds = list(zip(data.starts[:-1], data.starts[1:], strict=True))
         starts, ends, firsts = [], [], []
         for i in range(len(bounds)) if sequences is None else sequences:
             s, e = int(bounds[i][0]), int(bounds[i][1])
-            first = s + (skip[i] if skip is not None else 0)
+            first = s + (max(skip[i] - 1, 0) if skip is not None else 0)
             for a in range(s, e - 2, seq_len):  # a window needs a token 2 ahead
                 if a + seq_len > first:  # and a position to score
                     starts.append(a)
@@ -132,13 +138,14 @@ def medusa_batch(
     t2d: np.ndarray,
     heads: int,
 ) -> Batch:
-    """features (B, L, F); labels (K, B, L) draft ids or -1; valid (K, B, L): a token exists
-    and the position is scored (at or after `first`)."""
+    """features (B, L, F); labels (K, B, L): head i's, the target's greedy token after
+    token j+1+i (the token j+2+i it would decode), in draft ids or -1; valid (K, B, L): that
+    token is known and the position is scored (at or after `first`)."""
     labels, valid = [], []
     for i in range(heads):
-        ahead = pos + 2 + i
+        ahead = pos + 1 + i  # the target's token after this one is head i's label
         ok = (ahead < end) & (pos >= first)
-        labels.append(np.where(ok, t2d[data.tokens[np.minimum(ahead, end - 1)]], -1))
+        labels.append(np.where(ok, t2d[data.nexts[np.minimum(ahead, end - 1)]], -1))
         valid.append(ok)
     features = _rows(data, np.minimum(pos, end - 1))
     return features, mx.array(np.stack(labels)), mx.array(np.stack(valid))

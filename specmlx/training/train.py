@@ -142,13 +142,16 @@ def train_heads(
     resume: bool = False,
     stop_after: int | None = None,
     prompts: list[str] | None = None,
+    origin: dict | None = None,
 ) -> TrainReport:
     """Train heads of `config.kind` on the features cached in `data_dir` into `out_dir`.
 
     `resume` continues the run checkpointed in out_dir (without it, a checkpoint there is an
     error rather than lost). `stop_after` stops, checkpointed, once that many steps are done.
     `prompts`: those the data was generated from, when not the shipped set (to tell where
-    each answer starts).
+    each answer starts). `origin`: where the data came from, in words a reader elsewhere can
+    follow (the prompts file's name, the files as given), recorded with the heads beside the
+    corpus' own record; not checked on resume.
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     data = open_shards(data_dir, whole=True)
@@ -162,10 +165,10 @@ def train_heads(
     if ckpt.has_checkpoint(out_dir) and not resume:
         raise UsageError(f"{out_dir} holds an unfinished run: resume it, or delete its checkpoint")
     vocab = target_vocab(models.target)
-    d2t = _draft_ids(config, data, vocab)
     source, n = data.manifest["source"], data.index.n_sequences
     skip = prompt_positions(models, source, n, prompts)
     train_ids, held_ids = split_sequences(sequence_groups(source, n), config.holdout)
+    d2t = _draft_ids(config, data, vocab, train_ids)
     batch_size = config.batch_tokens // config.seq_len
     trained_skip = skip if config.answers_only else None
     windows = Windows(data, config.seq_len, batch_size, config.seed, train_ids, trained_skip)
@@ -173,7 +176,7 @@ def train_heads(
     if not len(windows):
         raise UsageError(f"{data_dir} holds no sequence of 3 tokens or more to train on")
     total = config.steps or max(1, math.ceil(config.epochs * len(windows) / windows.batch_size))
-    summary = _data_summary(data_dir, data, windows, d2t) | {"heldout_sequences": len(held_ids)}
+    summary = _data_summary(data, windows, d2t) | {"heldout_sequences": len(held_ids)}
     summary["trained_on"] = "all positions" if trained_skip is None else "answers"
     summary["heldout_scored"] = "all positions" if skip is None else "answers"
     record = {"settings": settings_record(config), "data": summary}
@@ -220,11 +223,12 @@ def train_heads(
                 return _report(out_dir, config, run, total, summary, finished=False)
 
     final = run.final()
-    training = {"data": summary, "steps": total, "seed": config.seed, "losses": final}
+    described = summary if origin is None else summary | {"origin": origin}
+    training = {"data": described, "steps": total, "seed": config.seed, "losses": final}
     training["heldout_accuracy"] = last_heldout(run)
     training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
     heads.config = replace(heads.config, training=training)
-    log = {"settings": settings_record(config), "data": summary, "steps": run.log}
+    log = {"settings": settings_record(config), "data": described, "steps": run.log}
     plot = ckpt.publish(heads, out_dir, log)
     return _report(out_dir, config, run, total, summary, finished=True, plot=plot)
 
@@ -241,20 +245,26 @@ def settings_record(config: TrainConfig) -> dict:
     return {**asdict(config), "feature_layers": list(config.feature_layers)}
 
 
-def _draft_ids(config: TrainConfig, data: FeatureData, vocab: int) -> np.ndarray | None:
-    """The draft vocabulary's target ids, most frequent first (None: the whole vocabulary)."""
+def _draft_ids(
+    config: TrainConfig, data: FeatureData, vocab: int, sequences: list[int]
+) -> np.ndarray | None:
+    """The draft vocabulary's target ids, most frequent first in the trained `sequences`
+    (the held-out ones must not choose it: their score would flatter the heads), or None:
+    the whole vocabulary."""
     if config.draft_vocab is None or config.draft_vocab >= vocab:
         return None
-    counts = data.index.count_array(vocab)
+    counts = np.zeros(vocab, np.int64)
+    for i in sequences:
+        piece = data.tokens[int(data.starts[i]) : int(data.starts[i + 1])]
+        counts += np.bincount(piece, minlength=vocab)[:vocab]
     return draft_vocab(counts, config.draft_vocab, data.manifest["eos_ids"])
 
 
-def _data_summary(
-    data_dir: Path, data: FeatureData, windows: Windows, d2t: np.ndarray | None
-) -> dict:
+def _data_summary(data: FeatureData, windows: Windows, d2t: np.ndarray | None) -> dict:
+    """What the heads were trained on, as their config records it: the corpus' own record
+    (prompt set, files, counts, digests), never this machine's paths."""
     covered = 1.0 if d2t is None else float(np.isin(data.tokens, d2t).mean())
     return {
-        "dir": str(data_dir.resolve()),
         "source": data.manifest["source"],
         "sequences": data.index.n_sequences,
         "tokens": data.index.n_tokens,
