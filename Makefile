@@ -83,35 +83,44 @@ bench-stock-blas: models
 	$(SPECMLX) bench --suite code --suite creative --limit 1 --temp 0 \
 		-k 1 -k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 --warmup 0 $(call BENCH_OUT,bench-stock-blas)
 
-# Medusa and EAGLE heads, trained here (memory-bound regime: OpenBLAS preloaded, fp32). Each
-# recipe answers the shipped prompts with the target (self-distillation) and reads a few
-# modules of Python's own standard library, caches the target's features once under
-# models/cache/heads/, then trains; rerunning resumes where it stopped. SmolLM2's heads are
-# committed (models/heads/, under 20 MB each); the Qwen ones are rebuilt by `make heads-qwen`.
+# Medusa, EAGLE and EAGLE-3-style heads, trained here (memory-bound regime: OpenBLAS
+# preloaded, fp32). Each recipe has the target answer the shipped prompts and prompts it
+# writes itself (Magpie), reads a seeded sample of Python's own standard library, caches the
+# target's features once under models/cache/heads/ (three layers' outputs and the final
+# state: one cache trains all three kinds), then trains each kind until its held-out top-1
+# stops rising (or its step budget ends); rerunning resumes where it stopped. SmolLM2's heads
+# are committed (models/heads/); the Qwen ones are rebuilt by `make heads-qwen`.
 STDLIB = $(shell $(PY) -c 'import json, os; print(os.path.dirname(os.path.dirname(json.__file__)))' 2>/dev/null)
-HEAD_FILES = --files $(STDLIB)/json --files $(STDLIB)/collections --files $(STDLIB)/argparse.py \
-	--files $(STDLIB)/textwrap.py
+STDLIB_CODE = --files '$(STDLIB)/**/*.py' --exclude '*/site-packages/*' --exclude '*/test/*' \
+	--exclude '*/tests/*' --exclude '*/idlelib/*'
 TRAIN_HEADS = $(PRELOAD) $(SPECMLX) train-heads
+UNTIL_HELDOUT_STOPS = --patience 3 --checkpoint-every 100
 
 heads: heads-smollm2 heads-qwen
 
-# SmolLM2: a greedy and a sampled answer per prompt, 32 prompts at a time.
-SMOL_DATA = --target smollm2-135m --data models/cache/heads/smollm2-135m $(HEAD_FILES) \
-	--answer-tokens 256 --batch-size 32 --samples 2
+# SmolLM2 (30 layers; EAGLE-3 reads layers 1, 14 and 26): 512 Magpie draws beside the 159
+# shipped prompts, greedy answers, and 200k tokens of the standard library.
+SMOL_DATA = --target smollm2-135m --data models/cache/heads/smollm2-135m --magpie 512 \
+	$(STDLIB_CODE) --file-tokens 200000 --answer-tokens 256 --batch-size 32 $(UNTIL_HELDOUT_STOPS)
 
 heads-smollm2: models openblas
+	$(TRAIN_HEADS) $(SMOL_DATA) --kind eagle3 --out models/heads/smollm2-135m-eagle3 \
+		--steps 400 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192 --unroll 3
 	$(TRAIN_HEADS) $(SMOL_DATA) --kind medusa --out models/heads/smollm2-135m-medusa \
-		--steps 600 --seq-len 256 --batch-tokens 1024 --draft-vocab 4096
+		--steps 900 --seq-len 256 --batch-tokens 1024 --draft-vocab 4096
 	$(TRAIN_HEADS) $(SMOL_DATA) --kind eagle --out models/heads/smollm2-135m-eagle \
-		--steps 350 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
+		--steps 500 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
 
-# On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 40 tokens/s for features (a 512-token
-# call takes 13 s) and its data stage ran at 19 tokens/s in all, so its data is kept to 42k tokens.
-QWEN_FILES = --files $(STDLIB)/json --files $(STDLIB)/textwrap.py
-QWEN_DATA = --target qwen2.5-coder-1.5b --data models/cache/heads/qwen2.5-coder-1.5b $(QWEN_FILES) \
-	--answer-tokens 128 --batch-size 32 --draft-vocab 8192
+# On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 25 tokens/s for features and answers
+# at about 20: its data is what fits beside training in the recipe's 150 minutes (Qwen2.5 has
+# 28 layers; EAGLE-3 reads 1, 13 and 24).
+QWEN_DATA = --target qwen2.5-coder-1.5b --data models/cache/heads/qwen2.5-coder-1.5b --magpie 96 \
+	$(STDLIB_CODE) --file-tokens 40000 --answer-tokens 128 --batch-size 32 --draft-vocab 8192 \
+	$(UNTIL_HELDOUT_STOPS)
 
 heads-qwen: models openblas
+	$(TRAIN_HEADS) $(QWEN_DATA) --kind eagle3 --out models/heads/qwen2.5-coder-1.5b-eagle3 \
+		--steps 300 --seq-len 512 --batch-tokens 1024 --unroll 3
 	$(TRAIN_HEADS) $(QWEN_DATA) --kind medusa --out models/heads/qwen2.5-coder-1.5b-medusa \
 		--steps 400 --seq-len 256 --batch-tokens 1024
 	$(TRAIN_HEADS) $(QWEN_DATA) --kind eagle --out models/heads/qwen2.5-coder-1.5b-eagle \
@@ -125,13 +134,17 @@ heads-vocab: models openblas
 		--data models/cache/heads/qwen2.5-coder-1.5b --json results/draft-vocab-qwen-$(DATE).json
 
 # The heads beside prompt lookup on SmolLM2 (its committed heads), and beside the draft model
-# on the Qwen target (after `make heads-qwen`).
+# on the Qwen target (after `make heads-qwen`). EAGLE-1 and EAGLE-3 heads both draft as
+# `--method eagle`, so each target's EAGLE-3 heads get a run of their own.
+SMOL_HEADS = models/heads/smollm2-135m
+HEADS_BENCH = -k 4 -k auto --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2
 bench-heads: models openblas
 	mkdir -p results
-	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads models/heads/smollm2-135m-medusa \
-		--heads models/heads/smollm2-135m-eagle --method medusa --method eagle --method ngram \
-		-k 4 -k auto --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2 \
+	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads $(SMOL_HEADS)-medusa \
+		--heads $(SMOL_HEADS)-eagle --method medusa --method eagle --method ngram $(HEADS_BENCH) \
 		$(call BENCH_OUT,bench-heads-smollm2)
+	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads $(SMOL_HEADS)-eagle3 \
+		--method eagle $(HEADS_BENCH) $(call BENCH_OUT,bench-heads-smollm2-eagle3)
 
 bench-heads-qwen: models openblas
 	mkdir -p results

@@ -162,7 +162,7 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
     ("extra", "needle"),
     [
         (["--kind", "hydra"], "unknown heads kind 'hydra'; train-heads trains medusa or eagle"),
-        (["--kind", "eagle3"], "train-heads does not train eagle3 heads"),
+        (["--kind", "eagle3"], "eagle3 heads read three of the target's layers"),
         (["--no-self-distill"], "nothing to train on"),
         (["--files", "/no/such/file"], "no such file"),
         (["--samples", "0"], "need samples >= 1"),

@@ -10,6 +10,7 @@ import signal
 import mlx.core as mx
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 
 import specmlx
 from specmlx.bench.suites import SUITES, load_suite
@@ -84,8 +85,9 @@ def test_cached_features_are_the_targets_own(models, corpus, data_dir):
         assert mx.allclose(data.features[start:end].astype(mx.float32), own, atol=1e-2, rtol=1e-2)
         assert data.nexts[start:end].tolist() == mx.argmax(logits, axis=-1).tolist()
     # A long sequence goes through in pieces, with the same result.
-    whole, _ = target_features(models.target, corpus[0], FeatureSpec())
-    pieces, _ = target_features(models.target, corpus[0], FeatureSpec(), chunk=7)
+    whole, _, none = target_features(models.target, corpus[0], FeatureSpec())
+    pieces, _, _ = target_features(models.target, corpus[0], FeatureSpec(), chunk=7)
+    assert none is None  # the final state is the features themselves
     assert mx.allclose(whole.astype(mx.float32), pieces.astype(mx.float32), atol=1e-2)
     counts = data.index.count_array(models.vocab_size)
     assert counts.sum() == data.index.n_tokens == len(data.tokens)
@@ -271,9 +273,9 @@ def test_an_unrolled_eagle_step_scores_the_head_on_its_own_predictions(models, d
         target_args=target_args(models),
     )
     head = EagleHead.create(config, models.target)
-    pos, end, first = Windows(data, 16, 2, seed=0).positions(0)
-    one = eagle_batch(data, pos, end, first, t2d_table(None, vocab), unroll=1)
-    two = eagle_batch(data, pos, end, first, t2d_table(None, vocab), unroll=2)
+    span = Windows(data, 16, 2, seed=0).positions(0)
+    one = eagle_batch(data, *span, t2d_table(None, vocab), unroll=1)
+    two = eagle_batch(data, *span, t2d_table(None, vocab), unroll=2)
     loss1, terms1, acc1 = eagle_loss(head, *one, ce_weight=0.1, soft=False)
     loss2, terms2, acc2 = eagle_loss(head, *two, ce_weight=0.1, soft=False)
     assert mx.allclose(terms1, terms2) and acc2.shape == (2,) and acc1.shape == (1,)
@@ -441,12 +443,16 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
     windows = Windows(data, 16, 4, seed=0, sequences=[0, 2, 4])
     trained = {i for i in range(6) if i % 2 == 0}
     for step in range(6):
-        pos, _, _ = windows.positions(step)
-        owners = np.searchsorted(data.starts, pos[:, 0], side="right") - 1
-        assert set(owners.tolist()) <= trained
+        pos, _, _, segments = windows.positions(step)
+        owners = np.searchsorted(data.starts, pos, side="right") - 1
+        assert set(owners[segments >= 0].tolist()) <= trained
     held = Windows(data, 16, 4, seed=0, sequences=[1, 3, 5])
-    firsts = np.concatenate([pos[:, 0] for pos, _, _ in held.in_order()])
-    assert sorted(firsts.tolist()) == held.starts.tolist()  # every window once
+    rows = np.concatenate([pos for pos, _, _, _ in held.in_order()])
+    assert (rows == held.pos).all()  # every window once, in order
+    packed = held.pos[held.segments >= 0]  # every position of theirs once
+    assert sorted(packed.tolist()) == [
+        p for i in (1, 3, 5) for p in range(int(data.starts[i]), int(data.starts[i + 1]))
+    ]
 
     config = fast(kind=kind, steps=10, checkpoint_every=4, holdout=2)
     report = train_heads(models, config, data_dir, tmp_path / "h", progress=False)
@@ -455,8 +461,11 @@ def test_held_out_sequences_are_scored_and_never_trained_on(models, data_dir, tm
     assert log["data"]["heldout_sequences"] == 3
     assert len(report.heldout) == {"medusa": 4, "eagle": 2}[kind]
     assert all(0 <= a <= 1 for a in report.heldout)
-    assert list(report.heldout) == log["steps"][-1]["heldout"]
     heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
+    best = heads.config.training["best_step"]
+    assert list(report.heldout) == next(e["heldout"] for e in log["steps"] if e["step"] == best)
+    scores = {e["step"]: np.mean(e["heldout"]) for e in log["steps"] if "heldout" in e}
+    assert scores[best] == max(scores.values())
     assert heads.config.training["heldout_accuracy"] == list(report.heldout)
     whole = train_heads(
         models, fast(kind=kind, steps=2, holdout=0), data_dir, tmp_path / "w", False
@@ -509,6 +518,30 @@ def test_feature_noise_is_bounded_drawn_per_step_and_resumes_alike(models, data_
     assert not same(weights(tmp_path / "whole"), weights(tmp_path / "quiet"))
 
 
+def test_training_stops_when_held_out_accuracy_stops_rising(models, data_dir, tmp_path):
+    """With patience 2, a run whose held-out score never rises (a rate too small to move
+    it) stops two evaluations after its first, and publishes the heads of that first one:
+    the weights a run stopped there leaves in its checkpoint."""
+    config = fast(kind="medusa", steps=40, checkpoint_every=4, holdout=2, patience=2, lr=1e-9)
+    report = train_heads(models, config, data_dir, tmp_path / "h", progress=False)
+    training = load_heads(tmp_path / "h", models.target, models.tokenizer).config.training
+    assert report.finished and report.steps == 12 and report.total_steps == 40
+    assert training["steps"] == 12 and training["best_step"] == 4
+    assert training["planned_steps"] == 40
+    log = json.loads((tmp_path / "h" / "train_log.json").read_text())
+    assert log["steps"][-1].get("converged") and len(log["steps"]) == 12
+    train_heads(models, config, data_dir, tmp_path / "cut", False, stop_after=4)
+    state = mx.load(str(tmp_path / "cut" / "checkpoint" / "state.safetensors"))
+    at_best = {k.removeprefix("heads."): v for k, v in state.items() if k.startswith("heads.")}
+    heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
+    published = dict(tree_flatten(heads.parameters()))
+    assert at_best and all(mx.array_equal(published[k], v) for k, v in at_best.items())
+    kept = {k.removeprefix("best."): v for k, v in state.items() if k.startswith("best.")}
+    assert kept.keys() == at_best.keys()  # the checkpoint keeps the best weights for a resume
+    with pytest.raises(UsageError, match="holdout"):
+        fast(patience=2, holdout=0)
+
+
 def test_prompt_positions_are_read_but_never_scored(models, data_dir):
     from specmlx.training.objectives import Windows, eagle_batch, medusa_batch, t2d_table
 
@@ -518,16 +551,16 @@ def test_prompt_positions_are_read_but_never_scored(models, data_dir):
     windows = Windows(data, 16, 4, seed=0, skip=skip)
     starts = data.starts[:-1]
     # Heads at position j draft token j+2: position 19 drafts the answer's first token, the
-    # first scored. A window inside the first 19 positions has nothing to score.
-    owner = np.searchsorted(data.starts, windows.starts, side="right") - 1
-    assert (windows.starts >= starts[owner] + 16).all()
-    assert (windows.firsts == starts[owner] + 19).all()
-    pos, end, first = windows.positions(0)
+    # first scored; the positions before it are read as context.
+    real = windows.segments >= 0
+    owner = np.searchsorted(data.starts, windows.pos[real], side="right") - 1
+    assert (windows.firsts[real] == starts[owner] + 19).all()
+    pos, end, first, segments = windows.positions(0)
     scored = (pos >= first) & (pos + 1 < end)
     assert scored.any() and not scored.all()
-    valid = np.array(eagle_batch(data, pos, end, first, t2d, unroll=1)[4])
+    valid = np.array(eagle_batch(data, pos, end, first, segments, t2d, unroll=1)[5])
     assert (valid == scored).all()
-    _, labels, medusa_valid = medusa_batch(data, pos, end, first, t2d, heads=2)
+    _, labels, medusa_valid = medusa_batch(data, pos, end, first, segments, t2d, heads=2)
     medusa_valid, labels = np.array(medusa_valid), np.array(labels)
     assert (medusa_valid[0] == scored).all()
     assert (medusa_valid[1] == ((pos >= first) & (pos + 2 < end))).all()
@@ -535,7 +568,13 @@ def test_prompt_positions_are_read_but_never_scored(models, data_dir):
     for i in range(2):
         ahead = np.minimum(pos + 1 + i, end - 1)
         assert (labels[i] == np.where(medusa_valid[i], data.nexts[ahead], -1)).all()
-    assert len(Windows(data, 16, 4, seed=0)) > len(windows)
+    # A sequence with nothing to score (all prompt) is left out of the stream.
+    lengths = np.diff(data.starts)
+    all_prompt = Windows(data, 16, 4, seed=0, skip=[int(lengths[0]) - 1] + [0] * 5)
+    kept = all_prompt.pos[all_prompt.segments >= 0]
+    assert (np.searchsorted(data.starts, kept, side="right") - 1 > 0).all()
+    # (the others whole, but for a last piece too short to score: under 3 positions)
+    assert 0 <= int(lengths[1:].sum()) - all_prompt.n_tokens <= 2 * 5
 
 
 def test_the_first_scored_position_drafts_the_answers_first_token(models, data_dir):
@@ -551,22 +590,19 @@ def test_the_first_scored_position_drafts_the_answers_first_token(models, data_d
     skip = prompt_positions(models, data.manifest["source"], 6, PROMPTS)
     assert skip is not None
     windows = Windows(data, 64, 1, seed=0, skip=skip)
-    checked = 0
-    for pos, end, first in windows.in_order():
-        column = np.flatnonzero(pos[0] == first[0, 0])
-        if not len(column):
-            continue
-        j = int(column[0])
-        owner = int(np.searchsorted(data.starts, first[0, 0], side="right") - 1)
-        answer = int(data.starts[owner]) + len(encode_prompt(models, PROMPTS[owner], True))
-        _, medusa_labels, medusa_valid = medusa_batch(data, pos, end, first, t2d, heads=1)
-        eagle = eagle_batch(data, pos, end, first, t2d, unroll=1)
-        assert int(medusa_labels[0, 0, j]) == int(data.tokens[answer])
-        assert int(eagle[3][0, j]) == int(data.tokens[answer])
-        if j > 0:
-            assert not bool(medusa_valid[0, 0, j - 1]) and not bool(eagle[4][0, j - 1])
-        checked += 1
-    assert checked == 6
+    checked = set()
+    for pos, end, first, segments in windows.in_order():
+        _, medusa_labels, medusa_valid = medusa_batch(data, pos, end, first, segments, t2d, heads=1)
+        eagle = eagle_batch(data, pos, end, first, segments, t2d, unroll=1)
+        for j in np.flatnonzero((pos[0] == first[0]) & (segments[0] >= 0)).tolist():
+            owner = int(np.searchsorted(data.starts, pos[0, j], side="right") - 1)
+            answer = int(data.starts[owner]) + len(encode_prompt(models, PROMPTS[owner], True))
+            assert int(medusa_labels[0, 0, j]) == int(data.tokens[answer])
+            assert int(eagle[4][0, j]) == int(data.tokens[answer])
+            if j > 0:
+                assert not bool(medusa_valid[0, 0, j - 1]) and not bool(eagle[5][0, j - 1])
+            checked.add(owner)
+    assert checked == set(range(6))
 
 
 def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, tmp_path):
@@ -611,6 +647,7 @@ def test_heads_that_memorise_their_data_draft_what_the_target_generates(
         warmup=10,
         holdout=0,
         checkpoint_every=1000,
+        adam_beta2=0.999,  # a few hundred steps at a high rate: the slow second moment
     )
     train_heads(models, config, data_dir, tmp_path / "h", progress=False)
     drafting = specmlx.load(str(models.target_path), heads=[str(tmp_path / "h")], progress=False)

@@ -10,6 +10,8 @@ imported here: MLX loads when the command runs.
 
 from __future__ import annotations
 
+import glob
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -60,11 +62,26 @@ def train_heads(
     temperature: Annotated[
         float, typer.Option(help="Temperature of the sampled answers (--samples above 1).")
     ] = 0.8,
+    magpie: Annotated[
+        int,
+        typer.Option(
+            help="Also answer N prompts the target writes itself (Magpie: sampled from its "
+            "chat template's user prefix), kept in the data folder."
+        ),
+    ] = 0,
     files: Annotated[
         list[Path] | None,
         typer.Option(
             "--files", help="Text or code files (or folders) to train on too; repeatable."
         ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(help="Leave out --files whose path matches this pattern; repeatable."),
+    ] = None,
+    file_tokens: Annotated[
+        int | None,
+        typer.Option(help="Read --files in a seeded random order until N tokens are in."),
     ] = None,
     steps: Annotated[int | None, typer.Option(help="Training steps. Default: one epoch.")] = None,
     epochs: Annotated[float, typer.Option(help="Epochs, when --steps is not given.")] = 1.0,
@@ -92,9 +109,32 @@ def train_heads(
             "and report the heads' accuracy on them; 0: train on all."
         ),
     ] = 20,
-    checkpoint_every: Annotated[int, typer.Option(help="Steps between checkpoints.")] = 50,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="Steps between checkpoints and held-out evaluations.")
+    ] = 50,
+    patience: Annotated[
+        int,
+        typer.Option(
+            help="Stop once N held-out evaluations in a row have not raised the held-out "
+            "top-1 (the best heads are kept either way); 0: run every step."
+        ),
+    ] = 0,
+    soft_targets: Annotated[
+        bool,
+        typer.Option(help="Learn the target's distributions rather than its greedy tokens."),
+    ] = False,
+    init_from_target: Annotated[
+        bool, typer.Option(help="eagle: start its layer as a copy of the target's last one.")
+    ] = False,
+    unroll: Annotated[
+        int | None,
+        typer.Option(
+            help="eagle, eagle3: steps the head runs on its own predictions in training "
+            "(eagle3: its training-time test, 3 or more). Default: 2, eagle3 3."
+        ),
+    ] = None,
 ) -> None:
-    """Train Medusa or EAGLE heads for a target on its own answers (and your files).
+    """Train Medusa, EAGLE or EAGLE-3 heads for a target on its own answers (and your files).
 
     Resumable: rerun the same command after Ctrl-C and it goes on where it stopped.
     """
@@ -102,14 +142,18 @@ def train_heads(
     if not self_distill and not files:
         raise UsageError("nothing to train on: give --files, or keep --self-distill")
     for path in files or []:
-        if not path.exists():
+        if not path.exists() and not glob.has_magic(str(path)):  # a pattern: matched later
             raise UsageError(f"no such file or folder: {path}")
     if samples < 1 or not 0 < temperature < float("inf"):
         raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
     if prompts is not None and not prompts.is_file():
         raise UsageError(f"no such prompts file: {prompts}")
+    from specmlx.training.objectives import OBJECTIVES
     from specmlx.training.train import TrainConfig
 
+    objective = OBJECTIVES[kind]
+    if unroll is None:
+        unroll = max(TrainConfig.unroll, objective.min_unroll)
     config = TrainConfig(
         kind=kind,
         steps=steps,
@@ -125,17 +169,23 @@ def train_heads(
         holdout=holdout,
         feature_noise=feature_noise,
         answers_only=answers_only,
+        patience=patience,
+        soft_targets=soft_targets,
+        init_from_target=init_from_target,
+        unroll=unroll,
     )
     from rich.console import Console
 
     from specmlx.api.load import load
     from specmlx.engine.features import FeatureSpec
     from specmlx.training.checkpoint import check_out_dir, has_checkpoint
-    from specmlx.training.data import cache_features, file_corpus, generate_corpus
+    from specmlx.training.data import cache_features, cached_spec, file_corpus, generate_corpus
     from specmlx.training.train import settings_record
     from specmlx.training.train import train_heads as run_training
 
     err = Console(stderr=True, highlight=False)
+    # eagle3 reads the reference's low, middle and high layers of the target unless told.
+    default_layers = not config.feature_layers and objective.feature_layers is not None
     # What can be wrong with OUT is said before hours of generating and caching.
     check_out_dir(out)
     finished = _finished(out)
@@ -144,6 +194,8 @@ def train_heads(
         # A setting newer than the heads counts as what they were trained with: the behaviour
         # before it existed (no held-out prompts), else its default.
         defaults |= LEGACY_SETTINGS
+        if default_layers:  # the target's, known once it is loaded: as they were
+            wanted.pop("feature_layers")
         if any(finished.get(key, defaults.get(key)) != value for key, value in wanted.items()):
             raise UsageError(
                 f"{out} holds heads trained with other settings; delete it or choose another --out"
@@ -152,18 +204,24 @@ def train_heads(
         return
     with err.status("loading the target…"):
         models = load(target, default_draft=False)
+    if default_layers:
+        config = replace(config, feature_layers=objective.feature_layers(models.target))
     from specmlx.training.train import check_buildable
 
     check_buildable(models, config)  # before hours of generating and caching
     corpus, texts = None, None
+    data_dir = data or out.with_name(out.name + ".data")
     if self_distill:
-        texts = _read_prompts(prompts) if prompts is not None else None
-        if texts is not None and limit is not None:
-            texts = texts[:limit]
-        elif limit is not None:
-            from specmlx.training.data import train_prompts
+        from specmlx.training.data import train_prompts
 
-            texts = train_prompts()[:limit]
+        texts = _read_prompts(prompts) if prompts is not None else train_prompts()
+        texts = texts[:limit] if limit is not None else texts
+        if magpie:
+            from specmlx.training.magpie import cached_magpie_prompts
+
+            texts = texts + cached_magpie_prompts(
+                models, data_dir, magpie, seed=seed, batch_size=max(batch_size, 32)
+            )
         corpus = generate_corpus(
             models,
             texts,
@@ -174,12 +232,21 @@ def train_heads(
             temperature=temperature,
         )
     if files:
-        extra = file_corpus(files, models.tokenizer, seq_len=max(seq_len, 512))
+        extra = file_corpus(
+            files,
+            models.tokenizer,
+            seq_len=max(seq_len, 512),
+            max_tokens=file_tokens,
+            seed=seed,
+            exclude=exclude or (),
+        )
         corpus = extra if corpus is None else corpus + extra
     assert corpus is not None
-    data_dir = data or out.with_name(out.name + ".data")
-    cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
+    spec = cached_spec(data_dir, FeatureSpec(config.feature_layers))
+    cache_features(models, corpus, spec, data_dir)
     origin = _origin(prompts if self_distill else None, self_distill, limit, files or [])
+    if magpie:
+        origin["magpie"] = magpie
     report = run_training(models, config, data_dir, out, resume=True, prompts=texts, origin=origin)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
     heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none"

@@ -143,8 +143,9 @@ class EagleHead(nn.Module):
 
         features # (..., n, F) the target's features (or predicted ones, in a tree)
         tokens   # (..., n) target ids of the tokens that follow them
-        Without `positions` the n inputs follow the cache causally. With them, input i sits
-        at position positions[i] and attends where mask[i] is True, over the cached entries
+        Without `positions` the n inputs follow the cache causally, or attend where `mask`
+        (B, 1, n, n) says (training on packed sequences). With them, input i sits at
+        position positions[i] and attends where mask[i] is True, over the cached entries
         then the n new ones: `mask` # (n, offset + n) bool.
         """
         embedded = self._borrowed.embed(tokens).astype(features.dtype)
@@ -153,7 +154,7 @@ class EagleHead(nn.Module):
         x = x if batched else x[None]
         c = cache[0] if cache is not None else None
         if positions is None:
-            out = self.layer(x, create_attention_mask(x, c), c)
+            out = self.layer(x, create_attention_mask(x, c) if mask is None else mask, c)
         else:
             offset = c.offset if c is not None else 0
             with rotated_at(self.layer, positions - offset):

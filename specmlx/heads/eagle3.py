@@ -181,8 +181,9 @@ class Eagle3Head(nn.Module):
         features # (..., n, 3d) the target's three layers, or (..., n, d) the head's own
                  # hidden states (drafting on from its predictions: no fc, as EAGLE-3 does)
         tokens   # (..., n) target ids of the tokens that follow them
-        Without `positions` the n inputs follow the cache causally. With them, input i sits
-        at position positions[i] and attends where mask[i] is True, over the cached entries
+        Without `positions` the n inputs follow the cache causally, or attend where `mask`
+        (B, 1, n, n) says (training on packed sequences). With them, input i sits at
+        position positions[i] and attends where mask[i] is True, over the cached entries
         then the n new ones: `mask` # (n, offset + n) bool.
         """
         hidden = self._project(features)
@@ -191,7 +192,8 @@ class Eagle3Head(nn.Module):
         hidden, embedded = (hidden, embedded) if batched else (hidden[None], embedded[None])
         c = cache[0] if cache is not None else None
         if positions is None:
-            out = self.midlayer(embedded, hidden, create_attention_mask(hidden, c), c)
+            causal = create_attention_mask(hidden, c) if mask is None else mask
+            out = self.midlayer(embedded, hidden, causal, c)
         else:
             offset = c.offset if c is not None else 0
             with rotated_at(self.midlayer.self_attn, positions - offset):

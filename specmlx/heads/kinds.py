@@ -75,6 +75,9 @@ KINDS: dict[str, HeadKind] = {
             "specmlx.heads.eagle3.Eagle3Head",
             method="eagle",  # the EAGLE drafter runs both heads
             readers=("specmlx.heads.formats.read_eagle3",),
+            # The reference's 1e-4 serves epochs of multi-GPU batches; runs here are short
+            # (thousands of steps of 1-2k tokens): EAGLE's rate, for a layer of its size.
+            train_lr=3e-4,
         ),
     )
 }

@@ -85,6 +85,13 @@ class MedusaHeads(nn.Module):
             return mx.stack([head[-1](x) for head, x in zip(self.heads, hidden, strict=False)])
         return self._target_output(mx.stack(hidden))  # one matmul for all heads
 
+    def target_logits(self, features: mx.array) -> mx.array:
+        """The target's own logits over the draft vocabulary at `features` (its final hidden
+        states): what soft-target training matches. # (..., F) -> (..., V_d)"""
+        if self._target_output is None:
+            raise SpecmlxError("Medusa heads with their own lm_heads hold no target rows")
+        return self._target_output(features)
+
     def top_candidates(
         self, features_row: mx.array, width: int, n_heads: int | None = None
     ) -> tuple[mx.array, mx.array]:

@@ -1,8 +1,9 @@
 """A training run's state on disk, its log, and the files a finished run leaves.
 
 The checkpoint is one file, `checkpoint/state.safetensors`: the heads' trainable weights,
-the optimizer's state (moments, step, learning rate) and, in its metadata, the step, the
-seconds spent, the log so far and the settings it was made with. It is written under a
+the optimizer's state (moments, step, learning rate), the weights of the best held-out score
+so far and, in its metadata, the step, the seconds spent, the log so far, the best score and
+its step, and the settings it was made with. It is written under a
 temporary name and renamed, so a Ctrl-C or a crash leaves the previous one whole. The data
 order needs no saved state: it is a function of (seed, step).
 
@@ -47,6 +48,19 @@ class RunState:
     step: int = 0
     seconds: float = 0.0
     log: list[dict[str, Any]] = field(default_factory=list)  # one entry per step
+    best_score: float = -1.0  # the best held-out score so far (`train.heldout_score`)
+    best_step: int = 0
+    best: dict[str, mx.array] = field(default_factory=dict)  # the heads' weights then
+    stale: int = 0  # held-out evaluations since the best one
+
+    def improved(self, score: float, weights: dict[str, mx.array], min_gain: float) -> bool:
+        """Count a held-out evaluation: keep `weights` if `score` is the best yet, and count
+        it stale unless it beats the best before it by `min_gain`. Returns whether it did."""
+        gained = score > self.best_score + min_gain
+        if score > self.best_score or not self.best:
+            self.best_score, self.best_step, self.best = score, self.step, weights
+        self.stale = 0 if gained else self.stale + 1
+        return gained
 
     def record(self, values: list[float], n_terms: int) -> str:
         """Count a step done: `values` are its loss, learning rate, `n_terms` loss terms and
@@ -89,7 +103,9 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {f"heads.{k}": v for k, v in tree_flatten(heads.trainable_parameters())}
     arrays.update({f"optimizer.{k}": v for k, v in tree_flatten(optimizer.state)})
+    arrays.update({f"best.{k}": v for k, v in run.best.items()})
     meta = {"step": run.step, "seconds": run.seconds, "log": run.log, **record}
+    meta |= {"best_score": run.best_score, "best_step": run.best_step, "stale": run.stale}
     tmp = folder / f".{STATE_FILE[: -len('.safetensors')]}.tmp.safetensors"
     try:
         mx.save_safetensors(str(tmp), arrays, metadata={"specmlx": json.dumps(meta)})
@@ -128,7 +144,16 @@ def load_checkpoint(
     optimizer.state = tree_unflatten(state)
     optimizer.init(heads.trainable_parameters())  # marks it ready; keeps the loaded moments
     mx.eval(heads.parameters(), optimizer.state)
-    return RunState(int(meta["step"]), float(meta["seconds"]), list(meta["log"]))
+    best = {k.removeprefix("best."): v for k, v in arrays.items() if k.startswith("best.")}
+    return RunState(
+        int(meta["step"]),
+        float(meta["seconds"]),
+        list(meta["log"]),
+        float(meta.get("best_score", -1.0)),
+        int(meta.get("best_step", 0)),
+        best,
+        int(meta.get("stale", 0)),
+    )
 
 
 def publish(heads: nn.Module, out_dir: Path, log: dict[str, Any]) -> Path | None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as SequenceABC
+from contextlib import contextmanager
 from dataclasses import replace
+from fnmatch import fnmatch
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -226,20 +228,36 @@ def _answer_batch(
 
 
 def file_corpus(
-    paths: Iterable[str | Path], tokenizer: Any, seq_len: int = 512, min_tokens: int = 16
+    paths: Iterable[str | Path],
+    tokenizer: Any,
+    seq_len: int = 512,
+    min_tokens: int = 16,
+    max_tokens: int | None = None,
+    seed: int = 0,
+    exclude: Iterable[str] = (),
 ) -> Corpus:
     """The user's text or code files cut into sequences of `seq_len` tokens.
 
     `paths` are files, folders (every file under them, hidden ones skipped) or glob patterns
-    (`src/**/*.py`). Files that are not UTF-8 text are skipped; each file is cut on its own,
-    and a last piece shorter than `min_tokens` is dropped."""
+    (`src/**/*.py`); a file whose path matches a pattern in `exclude` (`*/test/*`) is left
+    out. Files that are not UTF-8 text are skipped; each file is cut on its own,
+    and a last piece shorter than `min_tokens` is dropped. `max_tokens` reads files in an
+    order drawn from `seed` (a sample of a large tree, not its first folders) until that
+    many tokens are in; None reads them all, in path order."""
     if seq_len < 2:
         raise UsageError(f"seq-len must be at least 2, got {seq_len}")
-    files = _expand(paths)
+    if max_tokens is not None and max_tokens < 1:
+        raise UsageError(f"file tokens must be at least 1, got {max_tokens}")
+    exclude = list(exclude)
+    files = [f for f in _expand(paths) if not any(fnmatch(str(f), x) for x in exclude)]
+    if max_tokens is not None:
+        files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
     pieces: list[list[int]] = []
     digest = hashlib.sha256()
-    n_read = 0
+    n_read = n_tokens = 0
     for file in files:
+        if max_tokens is not None and n_tokens >= max_tokens:
+            break
         try:
             text = file.read_text("utf-8")
         except (UnicodeDecodeError, OSError):
@@ -247,10 +265,13 @@ def file_corpus(
         n_read += 1
         digest.update(str(file).encode() + b"\0" + text.encode() + b"\0")
         ids = tokenizer.encode(text, add_special_tokens=False)
+        if max_tokens is not None:
+            ids = ids[: max_tokens - n_tokens]
         for start in range(0, len(ids), seq_len):
             piece = ids[start : start + seq_len]
             if len(piece) >= min_tokens:
                 pieces.append(piece)
+                n_tokens += len(piece)
     if not pieces:
         raise UsageError(f"no text in {', '.join(map(str, paths))} to train on")
     source = {
@@ -259,6 +280,10 @@ def file_corpus(
         "sha256": digest.hexdigest(),
         "seq_len": seq_len,
     }
+    if max_tokens is not None:
+        source |= {"max_tokens": max_tokens, "seed": seed}
+    if exclude:
+        source["exclude"] = exclude
     return Corpus(source, len(pieces), pieces.__getitem__)
 
 
@@ -294,19 +319,35 @@ def _sha256(data: bytes) -> str:
 
 def target_features(
     model: Any, tokens: list[int], spec: FeatureSpec, chunk: int = CHUNK
-) -> tuple[mx.array, mx.array]:
-    """The target's features at each token and its greedy next token after each, from one
-    pass over `tokens` (in pieces of `chunk` through a cache). # (n, width), (n,)"""
+) -> tuple[mx.array, mx.array, mx.array | None]:
+    """The target's features at each token, its greedy next token after each and, when the
+    features are layers' outputs, its final hidden state too (what Medusa and EAGLE-1 heads
+    read: one cache then trains every kind), from one pass over `tokens` (in pieces of
+    `chunk` through a cache). # (n, width), (n,), (n, hidden) | None"""
     cache = make_cache(model)
-    rows, nexts = [], []
-    with capturing(model, spec) as seen:
+    rows, nexts, finals = [], [], []
+    # The final state is tapped apart only beside layers (the spec's own tap otherwise).
+    final_spec = FeatureSpec() if spec.layers else None
+    with capturing(model, spec) as seen, _maybe_capturing(model, final_spec) as final:
         for start in range(0, len(tokens), chunk):
             piece = mx.array(tokens[start : start + chunk], mx.uint32)[None]
             logits = model(piece, cache=cache)[0]  # (m, vocab)
             rows.append(seen.latest()[0].astype(mx.float16))
             nexts.append(mx.argmax(logits, axis=-1).astype(mx.int32))
-            mx.eval(rows[-1], nexts[-1], [c.state for c in cache])
-    return mx.concatenate(rows), mx.concatenate(nexts)
+            if final is not None:
+                finals.append(final.latest()[0].astype(mx.float16))
+            mx.eval(rows[-1], nexts[-1], finals[-1:], [c.state for c in cache])
+    final_rows = mx.concatenate(finals) if finals else None
+    return mx.concatenate(rows), mx.concatenate(nexts), final_rows
+
+
+@contextmanager
+def _maybe_capturing(model: Any, spec: FeatureSpec | None) -> Iterator[Any]:
+    if spec is None:
+        yield None
+        return
+    with capturing(model, spec) as seen:
+        yield seen
 
 
 def cache_features(
@@ -322,7 +363,8 @@ def cache_features(
 
     Shards already there are kept: a run cut short (Ctrl-C) resumes at the first sequence
     no shard holds. A manifest records the target's fingerprint, the features and the data;
-    resuming with a different one is an error, never a mix."""
+    resuming with a different one is an error, never a mix. Layers' features come with the
+    final hidden state beside them (`open_shards(..., layers=())` reads that)."""
     from specmlx.heads.base import fingerprint
 
     manifest = {
@@ -337,15 +379,29 @@ def cache_features(
         "sequences": len(corpus),
         "source": corpus.source,
     }
+    if spec.layers:
+        manifest["final"] = True
     writer = ShardWriter(Path(out_dir), manifest, models, shard_tokens)
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
         for i in range(writer.index.n_sequences, len(corpus)):
             tokens = corpus[i]
-            features, nexts = target_features(models.target, tokens, spec, chunk)
-            writer.add(tokens, features, nexts)
+            writer.add(tokens, *target_features(models.target, tokens, spec, chunk))
             bar.advance(f"{writer.n_tokens:,} tokens")
         writer.close()
     return open_shards(Path(out_dir)).index
+
+
+def cached_spec(folder: Path, wanted: FeatureSpec) -> FeatureSpec:
+    """The features to cache in `folder` for heads that read `wanted`: the folder's own
+    where it holds layers' features with the final hidden state beside them and the final
+    one is wanted (one cache trains EAGLE-3 and then Medusa and EAGLE-1), else `wanted`."""
+    path = Path(folder) / "manifest.json"
+    if wanted.layers or not path.is_file():
+        return wanted
+    manifest = json.loads(path.read_text())
+    if manifest.get("final") and manifest.get("feature_layers"):
+        return FeatureSpec(tuple(manifest["feature_layers"]))
+    return wanted
 
 
 def draft_vocab(counts: np.ndarray, size: int, always: Iterable[int] = ()) -> np.ndarray:

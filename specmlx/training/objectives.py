@@ -4,9 +4,11 @@
 `specmlx.heads.kinds`, says which): how to cut its batches, its loss, which positions count
 in its accuracy, and what it takes from the settings.
 
-A batch is B windows of `seq_len` consecutive positions inside one cached sequence (never
-across two), padded at the end; which windows a step takes is a function of (seed, step)
-alone, so a resumed run reads exactly the batches an uninterrupted one would.
+The training sequences, cut into pieces of `seq_len` from their starts, are packed several
+to a window (`Windows`), and a batch is B windows (`specmlx.training.losses`: labels never
+come from the next piece, attention never reaches into another).
+Which windows a step takes is a function of (seed, step) alone, so a resumed run reads
+exactly the batches an uninterrupted one would.
 
 Medusa (Cai et al. 2024): head i on f_t predicts token t+2+i (head 0: the token after the
 next one, which the target itself predicts from f_t), cross-entropy over the draft
@@ -32,7 +34,6 @@ ancestors: an approximation of the drafting it trains for.)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -41,16 +42,24 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
+from specmlx.training.eagle3_objective import EAGLE3
+from specmlx.training.losses import (
+    Batch,
+    BatchFn,
+    LossFn,
+    Objective,
+    Span,
+    cross_entropy,
+    feature_rows,
+    masked_mean,
+    segment_mask,
+    soft_cross_entropy,
+)
 from specmlx.training.shards import FeatureData
-
-Batch = tuple[mx.array, ...]
-Span = tuple[np.ndarray, np.ndarray, np.ndarray]  # positions, sequence ends, first scored
-LossFn = Callable[..., tuple[mx.array, mx.array, mx.array]]  # batch -> loss, terms, accuracy
-BatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray], Batch]  # a Span -> its batch
 
 
 class Windows:
-    """The training windows of a feature cache, and the batch of each step."""
+    """The training windows of a feature cache, packed, and the batch of each step."""
 
     def __init__(
         self,
@@ -61,51 +70,76 @@ class Windows:
         sequences: Iterable[int] | None = None,
         skip: Sequence[int] | None = None,
     ):
-        """`sequences`: the cached sequences to cut windows from (default: all of them).
+        """`sequences`: the cached sequences to pack (default: all of them).
         `skip[i]`: sequence i's leading positions whose next token is a prompt token (its
         prompt's but the last: `prompt_positions`); heads only ever draft answers. Heads at
         position j draft token j+2 onwards, one further than the target's next token: the
         prompt's last position but one drafts the answer's first token, and is the first
-        scored; those before it are read (the context) but never scored."""
-        bounds = list(zip(data.starts[:-1], data.starts[1:], strict=True))
-        starts, ends, firsts = [], [], []
-        for i in range(len(bounds)) if sequences is None else sequences:
-            s, e = int(bounds[i][0]), int(bounds[i][1])
+        scored; those before it are read (the context) but never scored.
+
+        Each sequence is cut into pieces of `seq_len` from its start (a piece with nothing
+        to score is left out) and the pieces are packed into windows first-fit, longest
+        first: a piece always starts at its sequence's start or a multiple of seq_len
+        after it, so the head reads it with the context it will have when drafting, and
+        only the last windows' tails go unused."""
+        pieces = []  # (start, stop, end of its sequence, first scored position)
+        for i in range(len(data.starts) - 1) if sequences is None else sequences:
+            s, e = int(data.starts[i]), int(data.starts[i + 1])
             first = s + (max(skip[i] - 1, 0) if skip is not None else 0)
-            for a in range(s, e - 2, seq_len):  # a window needs a token 2 ahead
-                if a + seq_len > first:  # and a position to score
-                    starts.append(a)
-                    ends.append(e)
-                    firsts.append(first)
-        self.starts = np.array(starts, np.int64)  # (windows,)
-        self.ends = np.array(ends, np.int64)  # (windows,) the end of each one's sequence
-        self.firsts = np.array(firsts, np.int64)  # (windows,) its first scored position
+            for a in range(s, e, seq_len):
+                b = min(a + seq_len, e)
+                if max(a, first) < min(b, e - 2):  # scored: at or after first, 2 ahead known
+                    pieces.append((a, b, e, first))
+        order = sorted(range(len(pieces)), key=lambda p: pieces[p][0] - pieces[p][1])
+        room: list[int] = []  # free positions left in each window
+        placed: list[list[int]] = []  # the pieces of each window
+        for p in order:
+            need = pieces[p][1] - pieces[p][0]
+            fits = np.flatnonzero(np.array(room) >= need) if room else []
+            w = int(fits[0]) if len(fits) else len(room)
+            if w == len(room):
+                room.append(seq_len)
+                placed.append([])
+            room[w] -= need
+            placed[w].append(p)
+        shape = (len(placed), seq_len)
+        self.pos, self.ends, self.firsts = (np.zeros(shape, np.int64) for _ in range(3))
+        self.segments = np.full(shape, -1, np.int64)  # -1: padding, never scored or seen
+        for w, members in enumerate(placed):
+            at = 0
+            for p in sorted(members):
+                a, b, e, first = pieces[p]
+                self.pos[w, at : at + b - a] = np.arange(a, b)
+                self.ends[w, at : at + b - a] = e
+                self.firsts[w, at : at + b - a] = first
+                self.segments[w, at : at + b - a] = p
+                at += b - a
+        self.n_tokens = sum(b - a for a, b, _, _ in pieces)
         self.seq_len = seq_len
-        self.batch_size = max(1, min(batch_size, len(starts)))
+        self.batch_size = max(1, min(batch_size, len(placed)))
         self.seed = seed
         self._orders: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.pos)
 
     def positions(self, step: int) -> Span:
-        """Step `step`'s positions in the cache, the end of their sequence and its first
-        scored position. # (B, L), (B, 1), (B, 1)
+        """Step `step`'s windows: positions in the cache, the end of their sequence, its
+        first scored position and the sequence. # (B, L) each
 
         Epoch after epoch, the windows in an order drawn from (seed, epoch)."""
-        n = len(self.starts)
+        n = len(self.pos)
         picks = step * self.batch_size + np.arange(self.batch_size)
         return self._span(np.array([self._order(int(g) // n)[int(g) % n] for g in picks]))
 
     def in_order(self) -> Iterator[Span]:
-        """Every window once, in cache order, `batch_size` at a time (the last batch may be
+        """Every window once, in stream order, `batch_size` at a time (the last batch may be
         smaller), as `positions` gives them."""
-        for first in range(0, len(self.starts), self.batch_size):
-            yield self._span(np.arange(first, min(first + self.batch_size, len(self.starts))))
+        for first in range(0, len(self.pos), self.batch_size):
+            yield self._span(np.arange(first, min(first + self.batch_size, len(self.pos))))
 
     def _span(self, chosen: np.ndarray) -> Span:
-        pos = self.starts[chosen][:, None] + np.arange(self.seq_len)[None]
-        return pos, self.ends[chosen][:, None], self.firsts[chosen][:, None]
+        return self.pos[chosen], self.ends[chosen], self.firsts[chosen], self.segments[chosen]
 
     def _order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
@@ -124,31 +158,32 @@ def t2d_table(d2t: np.ndarray | None, vocab: int) -> np.ndarray:
     return table
 
 
-def _rows(data: FeatureData, pos: np.ndarray) -> mx.array:
-    """The cached features at `pos`, as float32. # (B, L, width)"""
-    flat = data.features[mx.array(pos.reshape(-1))]
-    return flat.reshape(*pos.shape, -1).astype(mx.float32)
-
-
 def medusa_batch(
     data: FeatureData,
     pos: np.ndarray,
     end: np.ndarray,
     first: np.ndarray,
+    segments: np.ndarray,
     t2d: np.ndarray,
     heads: int,
+    soft: bool = False,
 ) -> Batch:
     """features (B, L, F); labels (K, B, L): head i's, the target's greedy token after
     token j+1+i (the token j+2+i it would decode), in draft ids or -1; valid (K, B, L): that
-    token is known and the position is scored (at or after `first`)."""
-    labels, valid = [], []
+    token is known and the position is scored (at or after `first`). With `soft`, also the
+    target's features at j+1+i (K, B, L, F): its distribution there is head i's target.
+    Medusa heads read one position each, so `segments` (no attention) are not needed."""
+    labels, valid, ahead_rows = [], [], []
     for i in range(heads):
         ahead = pos + 1 + i  # the target's token after this one is head i's label
         ok = (ahead < end) & (pos >= first)
-        labels.append(np.where(ok, t2d[data.nexts[np.minimum(ahead, end - 1)]], -1))
+        at = np.minimum(ahead, end - 1)
+        labels.append(np.where(ok, t2d[data.nexts[at]], -1))
         valid.append(ok)
-    features = _rows(data, np.minimum(pos, end - 1))
-    return features, mx.array(np.stack(labels)), mx.array(np.stack(valid))
+        if soft:
+            ahead_rows.append(feature_rows(data, at))
+    batch = (feature_rows(data, pos), mx.array(np.stack(labels)), mx.array(np.stack(valid)))
+    return (*batch, mx.stack(ahead_rows)) if soft else batch
 
 
 def eagle_batch(
@@ -156,21 +191,23 @@ def eagle_batch(
     pos: np.ndarray,
     end: np.ndarray,
     first: np.ndarray,
+    segments: np.ndarray,
     t2d: np.ndarray,
     unroll: int = 1,
 ) -> Batch:
-    """features f_j (B, L, F), then for each unrolled step s = 1..unroll: tokens j+s
-    (B, L), true f_{j+s} (B, L, F), labels: the target's greedy token after j+s in draft ids
-    or -1 (B, L), valid (B, L): the token exists and j is scored (at or after `first`).
-    Positions before `first` are still read: they are the context the head attends to."""
-    batch: list[mx.array] = [_rows(data, np.minimum(pos, end - 1))]
+    """features f_j (B, L, F), the attention mask (B, 1, L, L), then for each unrolled step
+    s = 1..unroll: tokens j+s (B, L), true f_{j+s} (B, L, F), labels: the target's greedy
+    token after j+s in draft ids or -1 (B, L), valid (B, L): the token exists and j is
+    scored (at or after `first`). Positions before `first` are still read: they are the
+    context the head attends to."""
+    batch: list[mx.array] = [feature_rows(data, pos), segment_mask(segments)]
     for step in range(1, unroll + 1):
         ahead = np.minimum(pos + step, end - 1)
         valid = (pos + step < end) & (pos >= first)
         labels = np.where(valid, t2d[data.nexts[ahead]], -1)
         batch += [
             mx.array(data.tokens[ahead]),
-            _rows(data, ahead),
+            feature_rows(data, ahead),
             mx.array(labels),
             mx.array(valid),
         ]
@@ -189,32 +226,35 @@ def with_noise(batch: Batch, amplitude: float, seed: int, step: int) -> Batch:
     return (batch[0] + noise, *batch[1:])
 
 
-def _cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
-    """Per position; labels -1 give garbage, masked by the caller. # (...)"""
-    picked = mx.take_along_axis(logits, mx.maximum(labels, 0)[..., None], axis=-1)[..., 0]
-    return mx.logsumexp(logits, axis=-1) - picked
-
-
-def _masked_mean(values: mx.array, mask: mx.array, axes: Any = None) -> mx.array:
-    return (values * mask).sum(axes) / mx.maximum(mask.sum(axes), 1)
-
-
 def medusa_loss(
-    heads: nn.Module, features: mx.array, labels: mx.array, valid: mx.array, decay: float
+    heads: nn.Module,
+    features: mx.array,
+    labels: mx.array,
+    valid: mx.array,
+    ahead_features: mx.array | None = None,
+    *,
+    decay: float,
 ) -> tuple[mx.array, mx.array, mx.array]:
-    """Weighted sum of the heads' cross-entropies; each head's loss and top-1 accuracy."""
+    """Weighted sum of the heads' cross-entropies (against the target's greedy tokens, or
+    with `ahead_features` against its distributions there); each head's loss and top-1
+    accuracy."""
     logits = heads(features)  # (K, B, L, V_d)
+    if ahead_features is None:
+        per_position = cross_entropy(logits, labels)
+    else:
+        per_position = soft_cross_entropy(logits, heads.target_logits(ahead_features))
     used = valid & (labels >= 0)
-    per_head = _masked_mean(_cross_entropy(logits, labels), used, (1, 2))  # (K,)
+    per_head = masked_mean(per_position, used, (1, 2))  # (K,)
     weights = decay ** mx.arange(per_head.shape[0], dtype=mx.float32)
     hits = mx.argmax(logits, axis=-1) == labels
-    accuracy = _masked_mean(hits, valid, (1, 2))  # (K,)
+    accuracy = masked_mean(hits, valid, (1, 2))  # (K,)
     return (weights * per_head).sum(), per_head, accuracy
 
 
 def eagle_loss(
     head: nn.Module,
     features: mx.array,
+    mask: mx.array,
     *steps: mx.array,
     ce_weight: float,
     soft: bool,
@@ -226,19 +266,17 @@ def eagle_loss(
     inputs = features
     for i in range(0, len(steps), 4):
         tokens, true_next, labels, valid = steps[i : i + 4]
-        predicted = head(inputs, tokens)  # (B, L, d)
+        predicted = head(inputs, tokens, mask=mask)  # (B, L, d)
         regression = nn.losses.smooth_l1_loss(predicted, true_next, reduction="none").mean(-1)
         logits = head.logits(predicted)  # (B, L, V_d)
         if soft:
-            target_probs = mx.stop_gradient(mx.softmax(head.logits(true_next), axis=-1))
-            per_token = -(target_probs * nn.log_softmax(logits, axis=-1)).sum(-1)
-            ce = _masked_mean(per_token, valid)
+            ce = masked_mean(soft_cross_entropy(logits, head.logits(true_next)), valid)
         else:
-            ce = _masked_mean(_cross_entropy(logits, labels), valid & (labels >= 0))
-        step_terms = mx.stack([_masked_mean(regression, valid), ce])  # (2,)
+            ce = masked_mean(cross_entropy(logits, labels), valid & (labels >= 0))
+        step_terms = mx.stack([masked_mean(regression, valid), ce])  # (2,)
         total = total + step_terms[0] + ce_weight * step_terms[1]
         terms = terms or [step_terms]
-        accuracy.append(_masked_mean(mx.argmax(logits, axis=-1) == labels, valid))
+        accuracy.append(masked_mean(mx.argmax(logits, axis=-1) == labels, valid))
         inputs = predicted  # the next step reads the head's own predictions
     return total, terms[0], mx.stack(accuracy)
 
@@ -290,8 +328,8 @@ def heldout_accuracy(
     heads never trained on: each batch's accuracy weighted by the positions it counted
     (the objective's `labelled`). Evaluated batch by batch; no gradients."""
     hits, counts = None, None
-    for pos, end, first in windows.in_order():
-        batch = batch_of(pos, end, first)
+    for span in windows.in_order():
+        batch = batch_of(*span)
         _, _, accuracy = loss_fn(*batch)
         n = labelled(batch)
         hits = accuracy * n if hits is None else hits + accuracy * n
@@ -305,23 +343,9 @@ def heldout_accuracy(
 # --- the objective of each kind -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Objective:
-    """How one kind of heads is trained. `settings` below is the run's TrainConfig (of
-    `specmlx.training.train`, which imports this module)."""
-
-    batches: Callable[[FeatureData, np.ndarray, Any], BatchFn]  # (data, t2d, settings)
-    loss: Callable[[nn.Module, Any], LossFn]  # (heads, settings)
-    # Positions that count in each accuracy: those with a token to guess, at or after the
-    # first scored one. # (K,)
-    labelled: Callable[[Batch], mx.array]
-    shape: Callable[[Any], dict[str, int]]  # the HeadsConfig fields the settings give
-    target_layer: bool = False  # the heads copy a target layer (HeadsConfig.target_args)
-    feature_noise: bool = False  # it takes `feature_noise` (EAGLE trains on noised features)
-
-
 def _medusa_batches(data: FeatureData, t2d: np.ndarray, settings: Any) -> BatchFn:
-    return partial(medusa_batch, data, t2d=t2d, heads=settings.num_heads)
+    soft = settings.soft_targets
+    return partial(medusa_batch, data, t2d=t2d, heads=settings.num_heads, soft=soft)
 
 
 def _medusa_loss(heads: nn.Module, settings: Any) -> LossFn:
@@ -345,7 +369,7 @@ def _eagle_loss(head: nn.Module, settings: Any) -> LossFn:
 
 
 def _eagle_labelled(batch: Batch) -> mx.array:
-    return mx.stack([valid.sum() for valid in batch[4::4]])  # each unrolled step's valid
+    return mx.stack([valid.sum() for valid in batch[5::4]])  # each unrolled step's valid
 
 
 def _eagle_shape(settings: Any) -> dict[str, int]:
@@ -362,4 +386,5 @@ OBJECTIVES: dict[str, Objective] = {
         target_layer=True,
         feature_noise=True,
     ),
+    "eagle3": EAGLE3,
 }

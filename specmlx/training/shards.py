@@ -3,7 +3,8 @@
 A data folder holds `manifest.json` (the target's fingerprint, the feature layers, where the
 data came from: what the shards were made of, checked before anything is added), shards
 `shard-00000.safetensors` (`tokens` int32 (n,), `features` float16 (n, width), `nexts` int32
-(n,) the target's greedy token after each, `lengths` int32 (sequences,)) and `index.json`
+(n,) the target's greedy token after each, `lengths` int32 (sequences,); where the features
+are layers' outputs, `final` float16 (n, hidden) the final hidden state too) and `index.json`
 (the shards, token counts per id, whether every sequence is in). Each shard and each index
 is written under a temporary name and renamed into place, so an interruption leaves the
 folder as it was after the last whole shard, and the next run continues from there.
@@ -71,15 +72,17 @@ class ShardWriter:
         self.total = int(manifest["sequences"])
         self.shard_tokens = shard_tokens
         self.index = _read_index(folder)
-        self._pending: list[tuple[list[int], mx.array, mx.array]] = []
+        self._pending: list[tuple[list[int], mx.array, mx.array, mx.array | None]] = []
 
     @property
     def n_tokens(self) -> int:
-        return self.index.n_tokens + sum(len(t) for t, _, _ in self._pending)
+        return self.index.n_tokens + sum(len(p[0]) for p in self._pending)
 
-    def add(self, tokens: list[int], features: mx.array, nexts: mx.array) -> None:
-        self._pending.append((tokens, features, nexts))
-        if sum(len(t) for t, _, _ in self._pending) >= self.shard_tokens:
+    def add(
+        self, tokens: list[int], features: mx.array, nexts: mx.array, final: mx.array | None
+    ) -> None:
+        self._pending.append((tokens, features, nexts, final))
+        if sum(len(p[0]) for p in self._pending) >= self.shard_tokens:
             self._flush()
 
     def close(self) -> None:
@@ -91,13 +94,15 @@ class ShardWriter:
         if not self._pending:
             return
         name = f"shard-{len(self.index.shards):05d}.safetensors"
-        tokens = [t for seq, _, _ in self._pending for t in seq]
+        tokens = [t for p in self._pending for t in p[0]]
         arrays = {
             "tokens": mx.array(tokens, mx.int32),
-            "features": mx.concatenate([f for _, f, _ in self._pending]),
-            "nexts": mx.concatenate([n for _, _, n in self._pending]),
-            "lengths": mx.array([len(t) for t, _, _ in self._pending], mx.int32),
+            "features": mx.concatenate([p[1] for p in self._pending]),
+            "nexts": mx.concatenate([p[2] for p in self._pending]),
+            "lengths": mx.array([len(p[0]) for p in self._pending], mx.int32),
         }
+        if self._pending[0][3] is not None:
+            arrays["final"] = mx.concatenate([p[3] for p in self._pending])
         tmp = self.folder / f".{name}.tmp.safetensors"  # mlx keeps the suffix it needs
         mx.save_safetensors(str(tmp), arrays, metadata={"format": "specmlx-features"})
         os.replace(tmp, self.folder / name)
@@ -148,11 +153,27 @@ class FeatureData:
     starts: np.ndarray  # (sequences + 1,) where each sequence starts; the last is n
 
 
-def open_shards(folder: Path, *, whole: bool = False) -> FeatureData:
-    """The data folder's shards (`whole`: refuse a folder whose caching was cut short)."""
+def open_shards(
+    folder: Path, *, whole: bool = False, layers: tuple[int, ...] | None = None
+) -> FeatureData:
+    """The data folder's shards (`whole`: refuse a folder whose caching was cut short).
+
+    `layers`: the features wanted, refused if the folder lacks them; `()` (the final hidden
+    state) also reads a folder of layers' features that keeps the final one beside them.
+    None: the folder's own features."""
     if not (folder / MANIFEST).exists():
         raise SpecmlxError(f"{folder} holds no cached features (no {MANIFEST})")
     manifest = json.loads((folder / MANIFEST).read_text())
+    key = "features"
+    if layers is not None and tuple(manifest["feature_layers"]) != tuple(layers):
+        if layers or not manifest.get("final"):
+            raise SpecmlxError(
+                f"{folder} holds the features of layers {manifest['feature_layers'] or 'final'}"
+                f", not of {list(layers) or 'final'}"
+            )
+        key = "final"
+        hidden = int(manifest["width"]) // len(manifest["feature_layers"])
+        manifest = manifest | {"feature_layers": [], "width": hidden}
     index = _read_index(folder)
     if whole and not index.complete:
         raise SpecmlxError(
@@ -170,6 +191,6 @@ def open_shards(folder: Path, *, whole: bool = False) -> FeatureData:
         index,
         np.concatenate([np.array(p["tokens"]) for p in parts]),
         np.concatenate([np.array(p["nexts"]) for p in parts]),
-        mx.concatenate([p["features"] for p in parts]),
+        mx.concatenate([p[key] for p in parts]),
         np.concatenate([[0], np.cumsum(lengths)]),
     )

@@ -6,14 +6,16 @@
                          Path("heads/smollm2-medusa"))
 
 The target is only read here (its output rows, its embeddings): its features come from the
-cache. AdamW with a linear warm-up and a cosine decay; the losses are in
-`specmlx.training.objectives`. Every `holdout`-th prompt's answers are kept out of training,
-and the heads' top-1 accuracy on them (answer positions), at each checkpoint and at the end,
-goes to the log: what they will keep when drafting new answers, and, beside the training
-accuracy, how far they overfit their data. Every `checkpoint_every` steps, and on Ctrl-C
-(the step under way finishes first; a second Ctrl-C stops at once), the run's state goes to
-`out_dir/checkpoint`; `resume=True` continues from it and ends with the same weights as an
-uninterrupted run. A finished run leaves the heads (`save_heads`, with a record of the data,
+cache. AdamW (β2 0.95, as EAGLE trains) with a linear warm-up and a cosine decay; the losses
+are in `specmlx.training.objectives`. Every `holdout`-th prompt's answers are kept out of
+training, and the heads' top-1 accuracy on them (answer positions), at each checkpoint and
+at the end, goes to the log: what they will keep when drafting new answers, and, beside the
+training accuracy, how far they overfit their data. The heads published are those of the
+best held-out score (`heldout_score`), and with `patience` the run stops once that many
+evaluations in a row have not raised it: trained until held-out accuracy stops rising.
+Every `checkpoint_every` steps, and on Ctrl-C (the step under way finishes first; a second
+Ctrl-C stops at once), the run's state goes to `out_dir/checkpoint`; `resume=True` continues
+from it and ends with the same weights as an uninterrupted run. A finished run leaves the heads (`save_heads`, with a record of the data,
 steps, seed, losses and time in their config), `train_log.json` and `loss.png` in out_dir.
 """
 
@@ -30,6 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 from specmlx.api.models import Models
 from specmlx.errors import UsageError
@@ -71,7 +74,9 @@ class TrainConfig:
     feature_layers: tuple[int, ...] = ()  # must be those the cache holds
     medusa_decay: float = 0.8  # head i's loss weight: decay ** i
     eagle_ce_weight: float = 0.1
-    soft_targets: bool = False  # eagle: cross-entropy against the target's distribution
+    # Cross-entropy against the target's distribution (from its cached final hidden state)
+    # instead of its greedy token: medusa and eagle.
+    soft_targets: bool = False
     unroll: int = 2  # eagle: steps the head runs on its own predictions in the loss
     feature_noise: float = 0.0  # uniform noise of this amplitude on the input features
     # Train on answer positions only: a prompt (the user's text, the chat template) is then
@@ -83,7 +88,15 @@ class TrainConfig:
     # trained on: the heads' accuracy there, at each checkpoint and at the end, is what they
     # do on text they have not seen. 0: none.
     holdout: int = 20
-    checkpoint_every: int = 100
+    checkpoint_every: int = 100  # also the steps between held-out evaluations
+    # Stop after this many held-out evaluations in a row without a gain of `min_gain` in the
+    # held-out score; 0: run every step.
+    patience: int = 0
+    min_gain: float = 0.002
+    adam_beta2: float = 0.95
+    # eagle: the decoder layer starts as a copy of the target's last layer (else as the
+    # identity: its residual branches zero).
+    init_from_target: bool = False
     compile: bool = True
 
     def __post_init__(self) -> None:
@@ -111,6 +124,12 @@ class TrainConfig:
             raise UsageError("epochs and lr must be positive")
         if self.warmup < 0 or not 0 <= self.min_lr <= 1 or self.num_layers < 0:
             raise UsageError("need warmup >= 0, 0 <= min-lr <= 1 and num-layers >= 0")
+        if self.patience < 0 or not 0 <= self.adam_beta2 < 1:
+            raise UsageError("need patience >= 0 and 0 <= adam-beta2 < 1")
+        if self.patience and not self.holdout:
+            raise UsageError("patience stops on the held-out score: it needs a holdout")
+        if self.init_from_target and not OBJECTIVES[self.kind].target_layer:
+            raise UsageError(f"{self.kind} heads copy no target layer (init-from-target)")
 
     @property
     def learning_rate(self) -> float:
@@ -154,13 +173,8 @@ def train_heads(
     corpus' own record; not checked on resume.
     """
     data_dir, out_dir = Path(data_dir), Path(out_dir)
-    data = open_shards(data_dir, whole=True)
+    data = open_shards(data_dir, whole=True, layers=config.feature_layers)
     check_target(data.manifest["fingerprint"], models.target, models.tokenizer)
-    if tuple(data.manifest["feature_layers"]) != config.feature_layers:
-        raise UsageError(
-            f"{data_dir} holds the features of layers {data.manifest['feature_layers'] or 'final'}"
-            f", not of {list(config.feature_layers) or 'final'}"
-        )
     ckpt.check_out_dir(out_dir)
     if ckpt.has_checkpoint(out_dir) and not resume:
         raise UsageError(f"{out_dir} holds an unfinished run: resume it, or delete its checkpoint")
@@ -183,7 +197,9 @@ def train_heads(
 
     heads = _create(models, config, d2t)
     learning_rate = schedule(config.learning_rate, config.warmup, total, config.min_lr)
-    optimizer = optim.AdamW(learning_rate, weight_decay=config.weight_decay)
+    optimizer = optim.AdamW(
+        learning_rate, betas=[0.9, config.adam_beta2], weight_decay=config.weight_decay
+    )
     optimizer.init(heads.trainable_parameters())
     run = ckpt.RunState()
     if resume and ckpt.has_checkpoint(out_dir):
@@ -215,6 +231,12 @@ def train_heads(
             due = run.step % config.checkpoint_every == 0
             if evaluate is not None and (due or run.step == total):
                 run.log[-1]["heldout"] = evaluate()
+                weights = dict(tree_flatten(heads.trainable_parameters()))
+                run.improved(heldout_score(run.log[-1]["heldout"]), weights, config.min_gain)
+                converged = config.patience and run.stale >= config.patience
+                if converged:
+                    run.log[-1]["converged"] = True
+                    break
             if stopping or due:
                 ckpt.save_checkpoint(out_dir, heads, optimizer, run, record)
             if interrupt.requested:
@@ -222,10 +244,13 @@ def train_heads(
             if stopping:
                 return _report(out_dir, config, run, total, summary, finished=False)
 
+    if run.best:  # the heads of the best held-out score, not merely the last ones
+        heads.load_weights(list(run.best.items()), strict=False)
     final = run.final()
     described = summary if origin is None else summary | {"origin": origin}
-    training = {"data": described, "steps": total, "seed": config.seed, "losses": final}
-    training["heldout_accuracy"] = last_heldout(run)
+    training = {"data": described, "steps": run.step, "seed": config.seed, "losses": final}
+    training["heldout_accuracy"] = best_heldout(run)
+    training |= {"best_step": run.best_step, "planned_steps": total}
     training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
     heads.config = replace(heads.config, training=training)
     log = {"settings": settings_record(config), "data": described, "steps": run.log}
@@ -278,14 +303,15 @@ def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.M
     """Fresh heads for the target, their initial weights drawn from the seed."""
     target = models.target
     objective = OBJECTIVES[config.kind]
+    draft_vocab = target_vocab(target) if d2t is None else len(d2t)
     heads_config = HeadsConfig(
         kind=config.kind,
         hidden_size=int(target.args.hidden_size),
         target_vocab=target_vocab(target),
-        draft_vocab=target_vocab(target) if d2t is None else len(d2t),
+        draft_vocab=draft_vocab,
         feature_layers=config.feature_layers,
         **objective.shape(config),
-        target_args=target_args(models) if objective.target_layer else {},
+        target_args=layer_args(models, config, draft_vocab),
         fingerprint=fingerprint(target, models.tokenizer),
     )
     module = KINDS[config.kind].module_class()
@@ -294,17 +320,67 @@ def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.M
         heads = module.create(heads_config, target)
     else:
         heads = module.create(heads_config, target, d2t=mx.array(d2t, mx.int32))
+    if config.init_from_target:
+        copy_last_layer(heads, target)
+    # Trained in float32: EAGLE-3's own lm_head starts as the target's output rows, often
+    # bfloat16, where AdamW's small steps would round away (the other kinds' weights are
+    # float32 already).
+    heads.set_dtype(mx.float32)
     mx.eval(heads.parameters())
     return heads
 
 
+def layer_args(models: Models, config: TrainConfig, draft_vocab: int) -> dict:
+    """HeadsConfig.target_args of fresh heads: the target's config.json where they copy a
+    target layer (EAGLE), the config of their own layer where they have one (EAGLE-3's,
+    derived from the target's), else nothing."""
+    objective = OBJECTIVES[config.kind]
+    if objective.draft_layer is not None:
+        return objective.draft_layer(target_args(models), draft_vocab)
+    return target_args(models) if objective.target_layer else {}
+
+
+def copy_last_layer(head: nn.Module, target: nn.Module) -> None:
+    """The head's decoder layer (EAGLE-1: one of the target's own kind) takes the weights
+    of the target's last layer, dequantized where the target is quantized."""
+    from specmlx.engine.features import backbone
+
+    last = backbone(target).layers[-1]
+    weights = {}
+    for name, module in last.named_modules():
+        if isinstance(module, nn.QuantizedLinear):
+            bias = module.get("bias")
+            weights[f"{name}.weight"] = mx.dequantize(
+                module.weight,
+                module.scales,
+                module.get("biases"),
+                group_size=module.group_size,
+                bits=module.bits,
+                mode=module.mode,
+            )
+            if bias is not None:
+                weights[f"{name}.bias"] = bias
+    own = dict(tree_flatten(last.parameters()))
+    own = {k: v for k, v in own.items() if not k.endswith((".scales", ".biases"))}
+    own |= weights
+    layer_keys = set(dict(tree_flatten(head.layer.parameters())))
+    missing = layer_keys - set(own)
+    if missing:
+        raise UsageError(f"the target's last layer lacks {sorted(missing)[0]}: cannot copy it")
+    head.layer.load_weights([(k, own[k].astype(mx.float32)) for k in layer_keys])
+
+
 def check_buildable(models: Models, config: TrainConfig) -> None:
     """One line now, not after hours of generating and caching, if heads of `config.kind`
-    cannot sit on this target: a copied layer needs a family mlx-lm builds layers of."""
-    if OBJECTIVES[config.kind].target_layer:
+    cannot sit on this target: a copied layer needs a family mlx-lm builds layers of, an
+    own layer a target config it can copy; and settings the kind refuses."""
+    objective = OBJECTIVES[config.kind]
+    objective.shape(config)  # eagle3: fewer than 3 test steps, or than 2 layers
+    if objective.target_layer:
         from specmlx.heads.eagle import decoder_layer
 
         decoder_layer(target_args(models))
+    layer_args(models, config, target_vocab(models.target))
 
 
 def target_args(models: Models) -> dict:
@@ -335,12 +411,22 @@ def _report(
         final["loss"],
         tuple(final["losses"]),
         tuple(final["accuracy"]),
-        tuple(last_heldout(run)),
+        tuple(best_heldout(run)),
         summary["tokens"],
         plot,
     )
 
 
-def last_heldout(run: ckpt.RunState) -> list[float]:
-    """The newest held-out accuracies in the run's log (empty: none measured)."""
-    return next((entry["heldout"] for entry in reversed(run.log) if "heldout" in entry), [])
+def heldout_score(accuracy: list[float]) -> float:
+    """What early stopping and the choice of weights go by: the held-out top-1 accuracies
+    of the heads (EAGLE: of its unrolled steps), averaged. Later heads count as much as the
+    first: a draft keeps its deep tokens only where they are right too."""
+    return float(np.mean(accuracy)) if accuracy else -1.0
+
+
+def best_heldout(run: ckpt.RunState) -> list[float]:
+    """The held-out accuracies of the best evaluation in the run's log (else the newest;
+    empty: none measured)."""
+    held = [entry for entry in run.log if "heldout" in entry]
+    best = [entry for entry in held if entry["step"] == run.best_step]
+    return (best or held or [{"heldout": []}])[-1]["heldout"]

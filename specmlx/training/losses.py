@@ -1,0 +1,81 @@
+"""What every objective shares: the batch types, the `Objective` record, masked losses.
+
+A step's positions come from packed windows (`objectives.Windows`): B windows of L
+positions, each holding several pieces of cached sequences side by side. A `Span` carries,
+per position, where it sits in the cache, the end of its sequence, its sequence's first
+scored position and its piece (its segment), so that a label never comes from the next
+sequence and attention never reaches into another piece (`segment_mask`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from specmlx.training.shards import FeatureData
+
+Batch = tuple[mx.array, ...]
+# positions in the cache, their sequence's end, its first scored position, its segment id;
+# each # (B, L)
+Span = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+LossFn = Callable[..., tuple[mx.array, mx.array, mx.array]]  # batch -> loss, terms, accuracy
+BatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], Batch]  # a Span -> batch
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How one kind of heads is trained. `settings` below is the run's TrainConfig (of
+    `specmlx.training.train`, which imports the objectives)."""
+
+    batches: Callable[[FeatureData, np.ndarray, Any], BatchFn]  # (data, t2d, settings)
+    loss: Callable[[nn.Module, Any], LossFn]  # (heads, settings)
+    # Positions that count in each accuracy: those with a token to guess, at or after the
+    # first scored one. # (K,)
+    labelled: Callable[[Batch], mx.array]
+    shape: Callable[[Any], dict[str, int]]  # the HeadsConfig fields the settings give
+    target_layer: bool = False  # the heads copy a target layer (HeadsConfig.target_args)
+    feature_noise: bool = False  # it takes `feature_noise` (EAGLE trains on noised features)
+    # (the target's config.json, the draft vocabulary's size) -> the config of a layer of
+    # the heads' own (HeadsConfig.target_args; EAGLE-3's llama-style draft layer)
+    draft_layer: Callable[[dict, int], dict] | None = None
+    # target -> the layers whose features it reads when the settings name none (EAGLE-3:
+    # low, middle, high); None: those the settings name (none: the final hidden state)
+    feature_layers: Callable[[nn.Module], tuple[int, ...]] | None = None
+    min_unroll: int = 1  # the fewest steps on its own outputs it trains with (`unroll`)
+
+
+def feature_rows(data: FeatureData, pos: np.ndarray) -> mx.array:
+    """The cached features at `pos`, as float32. # (B, L, width)"""
+    flat = data.features[mx.array(pos.reshape(-1))]
+    return flat.reshape(*pos.shape, -1).astype(mx.float32)
+
+
+def segment_mask(segments: np.ndarray) -> mx.array:
+    """Causal attention inside each window that never crosses from one packed piece into
+    another: position i sees j <= i of its own piece. # (B, L) -> (B, 1, L, L) bool"""
+    length = segments.shape[-1]
+    same = segments[:, :, None] == segments[:, None, :]
+    causal = np.tril(np.ones((length, length), bool))
+    return mx.array((same & causal)[:, None])
+
+
+def cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
+    """Per position; labels -1 give garbage, masked by the caller. # (...)"""
+    picked = mx.take_along_axis(logits, mx.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    return mx.logsumexp(logits, axis=-1) - picked
+
+
+def soft_cross_entropy(logits: mx.array, target_logits: mx.array) -> mx.array:
+    """Cross-entropy against the distribution `target_logits` give (no gradient through
+    them). # (...)"""
+    target_probs = mx.stop_gradient(mx.softmax(target_logits, axis=-1))
+    return -(target_probs * nn.log_softmax(logits, axis=-1)).sum(-1)
+
+
+def masked_mean(values: mx.array, mask: mx.array, axes: Any = None) -> mx.array:
+    return (values * mask).sum(axes) / mx.maximum(mask.sum(axes), 1)

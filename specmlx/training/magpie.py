@@ -1,0 +1,90 @@
+"""Prompts the target writes itself (Magpie, Xu et al. 2024), for diverse self-distillation.
+
+An instruct model given its chat template up to where a user's message begins writes a
+plausible user message: sampled many times, that is a set of prompts as varied as the turns
+it was tuned on, where a fixed set of a few hundred is not. `magpie_prompts` samples them
+in batches and keeps each distinct non-empty one; `cached_magpie_prompts` keeps them in a
+file of the data folder, so a resumed run reads the same prompts rather than drawing again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from specmlx.api.models import Models
+from specmlx.errors import UsageError
+from specmlx.io.files import write_atomic
+from specmlx.progress import progress_bar
+
+_MARK = "\x00specmlx-user-turn\x00"
+
+
+def user_prefix(tokenizer: Any) -> list[int]:
+    """Token ids of the chat template up to where a user's message starts (the system turn
+    the template adds by default included). # (n,)"""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError("Magpie prompts need a chat template; this target has none")
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _MARK}], add_generation_prompt=False, tokenize=False
+    )
+    prefix = text[: text.index(_MARK)]
+    return tokenizer.encode(prefix, add_special_tokens=False)
+
+
+def magpie_prompts(
+    models: Models,
+    count: int,
+    max_tokens: int = 64,
+    seed: int = 0,
+    batch_size: int = 32,
+    temperature: float = 1.0,
+    progress: bool = True,
+) -> list[str]:
+    """Up to `count` distinct user messages the target writes from its template's user
+    prefix, sampled at `temperature` (top-p 1.0, as Magpie does); those cut off at
+    `max_tokens` or empty are dropped. The same for the same seed."""
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    if count < 1 or batch_size < 1:
+        raise UsageError(f"need at least one Magpie prompt and batch, got {count}, {batch_size}")
+    prefix = user_prefix(models.tokenizer)
+    sampler = make_sampler(temperature, 1.0)
+    prompts: dict[str, None] = {}
+    n_batches = -(-count // batch_size)
+    with progress_bar(progress, "writing prompts", n_batches) as bar:
+        for b in range(n_batches):
+            mx.random.seed(seed * 100_003 + b)
+            rows = min(batch_size, count - b * batch_size)
+            answers = batch_generate(
+                models.target,
+                models.tokenizer,
+                [prefix] * rows,
+                max_tokens=max_tokens,
+                return_token_ids=True,
+                sampler=sampler,
+            ).token_ids
+            for ids in answers:
+                text = models.tokenizer.decode(ids).strip()
+                if len(ids) < max_tokens and text:  # ended its turn, and said something
+                    prompts.setdefault(text)
+            bar.advance(f"{len(prompts)} prompts")
+    return list(prompts)
+
+
+def cached_magpie_prompts(
+    models: Models, folder: Path, count: int, seed: int = 0, **options: Any
+) -> list[str]:
+    """`magpie_prompts`, kept in `folder` (written whole or not at all) and read back from
+    there on the next run."""
+    path = folder / f"magpie-{count}-seed{seed}.jsonl"
+    if path.is_file():
+        return [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
+    prompts = magpie_prompts(models, count, seed=seed, **options)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return prompts

@@ -1,0 +1,192 @@
+"""Training data at scale: packed windows, file budgets, one cache for every kind, Magpie
+prompts, an EAGLE layer copied from the target. Tiny random models, offline."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import specmlx
+from specmlx.engine.features import FeatureSpec, backbone
+from specmlx.errors import SpecmlxError, UsageError
+from specmlx.heads.base import HeadsConfig, target_vocab
+from specmlx.heads.eagle import EagleHead
+from specmlx.training.data import cache_features, cached_spec, file_corpus, generate_corpus
+from specmlx.training.losses import segment_mask
+from specmlx.training.objectives import Windows, eagle_batch, t2d_table
+from specmlx.training.shards import open_shards
+from specmlx.training.train import TrainConfig, _create, target_args
+from tests.tiny import make_model_dir
+
+PROMPTS = ["def add(a, b):", "The capital of France is", "Once upon a time", "import os"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train-data")
+    return specmlx.load(str(make_model_dir(root / "target", "llama", seed=3)), progress=False)
+
+
+@pytest.fixture(scope="module")
+def corpus(models):
+    return generate_corpus(models, PROMPTS, max_tokens=24, seed=0)
+
+
+@pytest.fixture(scope="module")
+def layered(models, corpus, tmp_path_factory):
+    """A cache of two layers' outputs (as EAGLE-3 reads), the final state beside them."""
+    folder = tmp_path_factory.mktemp("layered")
+    cache_features(models, corpus, FeatureSpec((0, 1)), folder, shard_tokens=50, progress=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def final(models, corpus, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("final")
+    cache_features(models, corpus, FeatureSpec(), folder, shard_tokens=50, progress=False)
+    return folder
+
+
+def test_one_cache_of_layers_also_serves_heads_that_read_the_final_state(layered, final):
+    as_final, plain = open_shards(layered, layers=()), open_shards(final)
+    assert as_final.manifest["width"] == plain.manifest["width"]
+    assert (as_final.tokens == plain.tokens).all() and (as_final.nexts == plain.nexts).all()
+    assert mx.allclose(as_final.features, plain.features, atol=1e-3)
+    assert open_shards(layered).features.shape[1] == 2 * plain.features.shape[1]
+    assert cached_spec(layered, FeatureSpec()) == FeatureSpec((0, 1))  # resumes that cache
+    assert cached_spec(final, FeatureSpec()) == FeatureSpec()
+    with pytest.raises(SpecmlxError, match="layers"):
+        open_shards(final, layers=(0, 1))
+    with pytest.raises(SpecmlxError, match="layers"):
+        open_shards(layered, layers=(1,))
+
+
+def test_sequences_are_packed_and_attention_stays_inside_each(models, final):
+    data = open_shards(final)
+    windows = Windows(data, 32, 8, seed=0)
+    lengths = np.diff(data.starts)
+    assert windows.n_tokens == lengths.sum()
+    used = windows.segments >= 0
+    assert sorted(windows.pos[used].tolist()) == list(range(int(lengths.sum())))
+    assert used.mean() > 0.75  # pieces packed side by side
+    # Every piece starts at its sequence's start or 32 positions on from one.
+    for w in range(len(windows)):
+        for piece in set(windows.segments[w][used[w]].tolist()):
+            at = windows.pos[w][windows.segments[w] == piece]
+            owner = int(np.searchsorted(data.starts, at[0], side="right") - 1)
+            assert (at[0] - data.starts[owner]) % 32 == 0
+            assert (np.diff(at) == 1).all()
+    # A window that holds the end of one sequence and the start of the next.
+    row = next(r for r in range(len(windows)) if len(set(windows.segments[r].tolist())) > 1)
+    span = tuple(a[row : row + 1] for a in windows._span(np.arange(len(windows))))
+    pos, end, first, segments = span
+    mask = np.array(segment_mask(segments))[0, 0]
+    j = int(np.flatnonzero(segments[0] != segments[0, 0])[0])  # the next sequence's start
+    assert not mask[j:, :j].any() and mask[j:, j:].sum() == (32 - j) * (32 - j + 1) // 2
+    # The head reads each sequence as if alone: the next one's positions equal a window of
+    # its own (the same features, from its first token on).
+    vocab = target_vocab(models.target)
+    config = HeadsConfig(
+        kind="eagle",
+        hidden_size=models.target.args.hidden_size,
+        target_vocab=vocab,
+        draft_vocab=vocab,
+        target_args=target_args(models),
+    )
+    mx.random.seed(0)
+    head = EagleHead.create(config, models.target)
+    for name, module in head.layer.named_modules():  # not the identity: attention matters
+        if name.endswith(("o_proj", "down_proj")):
+            module.weight = mx.random.normal(module.weight.shape) * 0.1
+    t2d = t2d_table(None, vocab)
+    batch = eagle_batch(data, *span, t2d, unroll=1)
+    packed = head(batch[0], batch[2], mask=batch[1])[0, j:]
+    alone = tuple(a[:, j:] for a in span)
+    own = eagle_batch(data, *alone, t2d, unroll=1)
+    by_itself = head(own[0], own[2])[0]  # plain causal attention over that sequence alone
+    assert mx.allclose(packed, by_itself, atol=1e-4)
+    leaky = head(batch[0], batch[2])[0, j:]  # causal across the boundary: sees the other
+    assert not mx.allclose(leaky, by_itself, atol=1e-4)
+
+
+def test_file_tokens_sample_a_tree_within_a_budget(models, tmp_path):
+    for i in range(30):
+        (tmp_path / f"m{i:02d}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 20)
+    whole = file_corpus([tmp_path], models.tokenizer, seq_len=64)
+    some = file_corpus([tmp_path], models.tokenizer, seq_len=64, max_tokens=500, seed=1)
+    again = file_corpus([tmp_path], models.tokenizer, seq_len=64, max_tokens=500, seed=1)
+    other = file_corpus([tmp_path], models.tokenizer, seq_len=64, max_tokens=500, seed=2)
+    total = sum(len(some[i]) for i in range(len(some)))
+    assert 500 - 16 < total <= 500 < sum(len(whole[i]) for i in range(len(whole)))
+    assert [some[i] for i in range(len(some))] == [again[i] for i in range(len(again))]
+    assert some.source["sha256"] != other.source["sha256"]  # another sample of the files
+    assert some.source["max_tokens"] == 500 and some.source["files"] < 30
+    with pytest.raises(UsageError, match="at least 1"):
+        file_corpus([tmp_path], models.tokenizer, max_tokens=0)
+    fewer = file_corpus([tmp_path], models.tokenizer, seq_len=64, exclude=["*/m1*.py"])
+    assert fewer.source["files"] == 20 and fewer.source["exclude"] == ["*/m1*.py"]
+
+
+def test_magpie_prompts_come_from_the_user_prefix_and_are_kept(models, tmp_path, monkeypatch):
+    """Each draw starts at the template's user prefix; prompts that did not end their turn
+    (cut at max_tokens) or say nothing are dropped, repeats kept once; the set is written
+    to the data folder and read back from there."""
+    import sys
+
+    import mlx_lm.generate  # noqa: F401 (the module, which mlx_lm's `generate` shadows)
+
+    from specmlx.training import magpie
+
+    prefix = magpie.user_prefix(models.tokenizer)
+    text = models.tokenizer.decode(prefix)
+    assert text.rstrip().endswith("user") and "assistant" not in text
+    tok = models.tokenizer
+    turns = [" Sort a list ", "Sort a list", "", "word " * 200]
+    seen = []
+
+    def batch_generate(model, tokenizer, prompts, max_tokens, return_token_ids, sampler):
+        seen.extend(prompts)
+        ids = [tok.encode(t, add_special_tokens=False)[:max_tokens] for t in turns]
+        return type("Answers", (), {"token_ids": ids[: len(prompts)]})
+
+    monkeypatch.setattr(sys.modules["mlx_lm.generate"], "batch_generate", batch_generate)
+    prompts = magpie.cached_magpie_prompts(models, tmp_path, 4, seed=0, max_tokens=64)
+    assert prompts == ["Sort a list"] and seen == [prefix] * 4
+    saved = tmp_path / "magpie-4-seed0.jsonl"
+    assert [json.loads(line)["prompt"] for line in saved.read_text().splitlines()] == prompts
+
+    def drawn_again(*args, **kwargs):
+        raise AssertionError("the kept prompts are read back, not drawn again")
+
+    monkeypatch.setattr(magpie, "magpie_prompts", drawn_again)
+    assert magpie.cached_magpie_prompts(models, tmp_path, 4, seed=0) == prompts
+
+
+@pytest.mark.real
+def test_the_real_instruct_target_writes_distinct_prompts():
+    from tests.test_real_loop import need
+
+    need("smollm2-135m")
+    from specmlx.training.magpie import magpie_prompts
+
+    real = specmlx.load("smollm2-135m", default_draft=False, progress=False)
+    prompts = magpie_prompts(real, 8, max_tokens=64, seed=0, batch_size=8, progress=False)
+    assert len(prompts) >= 4 and len(set(prompts)) == len(prompts)
+    assert prompts == magpie_prompts(real, 8, max_tokens=64, seed=0, batch_size=8, progress=False)
+
+
+def test_an_eagle_layer_can_start_as_the_targets_last(models):
+    config = TrainConfig(kind="eagle", init_from_target=True, draft_vocab=None)
+    head = _create(models, config, None)
+    last = dict(tree_flatten(backbone(models.target).layers[-1].parameters()))
+    copied = dict(tree_flatten(head.layer.parameters()))
+    assert copied.keys() <= last.keys()
+    assert all(mx.array_equal(copied[k], last[k].astype(mx.float32)) for k in copied)
+    plain = dict(tree_flatten(_create(models, TrainConfig(kind="eagle"), None).layer.parameters()))
+    assert not mx.any(plain["self_attn.o_proj.weight"]).item()  # the identity otherwise
+    with pytest.raises(UsageError, match="copy no target layer"):
+        TrainConfig(kind="medusa", init_from_target=True)
