@@ -190,3 +190,22 @@ def test_an_eagle_layer_can_start_as_the_targets_last(models):
     assert not mx.any(plain["self_attn.o_proj.weight"]).item()  # the identity otherwise
     with pytest.raises(UsageError, match="copy no target layer"):
         TrainConfig(kind="medusa", init_from_target=True)
+
+
+def test_heads_stored_in_bfloat16_load_back_in_their_own_dtype(models, tmp_path):
+    from specmlx.heads import load_heads
+    from specmlx.heads.store import save_heads
+
+    heads = _create(models, TrainConfig(kind="eagle", draft_vocab=None), None)
+    save_heads(heads, tmp_path / "full")
+    save_heads(heads, tmp_path / "half", dtype=mx.bfloat16)
+    full = (tmp_path / "full" / "model.safetensors").stat().st_size
+    half = (tmp_path / "half" / "model.safetensors").stat().st_size
+    assert half < 0.6 * full
+    loaded = load_heads(tmp_path / "half", models.target, models.tokenizer)
+    for name, value in tree_flatten(loaded.trainable_parameters()):
+        original = dict(tree_flatten(heads.trainable_parameters()))[name]
+        assert value.dtype == original.dtype == mx.float32
+        assert mx.array_equal(value, original.astype(mx.bfloat16).astype(mx.float32))
+    with pytest.raises(UsageError, match="save dtype"):
+        TrainConfig(save_dtype="int8")

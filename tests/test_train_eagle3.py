@@ -25,16 +25,9 @@ from specmlx.training.eagle3_objective import draft_layer, eagle3_batch, eagle3_
 from specmlx.training.objectives import OBJECTIVES, Windows, t2d_table
 from specmlx.training.shards import open_shards
 from specmlx.training.train import TrainConfig, check_buildable, target_args, train_heads
+from tests.test_train_heads import PROMPTS
 from tests.tiny import make_model_dir
 
-PROMPTS = [
-    "Write a Python function that adds two numbers.",
-    "The capital of France is",
-    "Once upon a time there was a little fox",
-    "for i in range(10):",
-    "Explain speculative decoding.",
-    "import numpy as np",
-]
 LAYERS = (1, 3, 4)  # the reference's low, middle and high layers of an 8-layer target
 
 

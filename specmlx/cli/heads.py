@@ -126,6 +126,10 @@ def train_heads(
     init_from_target: Annotated[
         bool, typer.Option(help="eagle: start its layer as a copy of the target's last one.")
     ] = False,
+    save_dtype: Annotated[
+        str | None,
+        typer.Option(help="Store the heads' weights as bfloat16 or float16 (half the file)."),
+    ] = None,
     unroll: Annotated[
         int | None,
         typer.Option(
@@ -172,6 +176,7 @@ def train_heads(
         patience=patience,
         soft_targets=soft_targets,
         init_from_target=init_from_target,
+        save_dtype=save_dtype,
         unroll=unroll,
     )
     from rich.console import Console
@@ -196,6 +201,8 @@ def train_heads(
         defaults |= LEGACY_SETTINGS
         if default_layers:  # the target's, known once it is loaded: as they were
             wanted.pop("feature_layers")
+        free = ("checkpoint_every", "save_dtype")  # change nothing the training computes
+        wanted = {key: value for key, value in wanted.items() if key not in free}
         if any(finished.get(key, defaults.get(key)) != value for key, value in wanted.items()):
             raise UsageError(
                 f"{out} holds heads trained with other settings; delete it or choose another --out"

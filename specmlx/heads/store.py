@@ -32,8 +32,10 @@ from specmlx.heads.kinds import head_kind, published_titles
 HUB_PATTERNS = ["*.json", "*.safetensors"]
 
 
-def save_heads(heads: Heads, out_dir: str | Path) -> Path:
-    """Write `heads` to `out_dir` (config.json, model.safetensors), all or nothing.
+def save_heads(heads: Heads, out_dir: str | Path, dtype: mx.Dtype | None = None) -> Path:
+    """Write `heads` to `out_dir` (config.json, model.safetensors), all or nothing; `dtype`
+    stores the floating-point weights in it (bfloat16: half the file), read back in the
+    heads' own dtype.
 
     The files go to a temporary folder beside `out_dir` that is renamed into place, so an
     error or a Ctrl-C midway leaves `out_dir` as it was. An existing heads folder there is
@@ -44,6 +46,11 @@ def save_heads(heads: Heads, out_dir: str | Path) -> Path:
         raise SpecmlxError(f"{out_dir} exists and is not a heads folder: not overwriting it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(heads.trainable_parameters()))
+    if dtype is not None:
+        weights = {
+            k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+            for k, v in weights.items()
+        }
     if heads.d2t is not None:
         weights["d2t"] = heads.d2t.astype(mx.int32)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.saving-", dir=out_dir.parent))
@@ -118,6 +125,8 @@ def _load_ours(folder: Path, model: nn.Module, tokenizer: Any | None) -> Heads:
     heads = module.create(config, model) if d2t is None else module.create(config, model, d2t=d2t)
     expected = dict(tree_flatten(heads.trainable_parameters()))
     check_weights(expected, weights, str(folder / WEIGHTS_FILE))
+    # Stored narrower (`save_heads(dtype=...)`): computed in the heads' own dtype.
+    weights = {k: v.astype(expected[k].dtype) for k, v in weights.items()}
     heads.load_weights(list(weights.items()), strict=False)
     mx.eval(heads.parameters())
     return heads

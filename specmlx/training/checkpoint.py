@@ -38,7 +38,7 @@ LOG_FILE = "train_log.json"
 PLOT_FILE = "loss.png"
 OURS = {"config.json", "model.safetensors", LOG_FILE, PLOT_FILE, CHECKPOINT}
 # Settings that change nothing a run computes: a resumed run may differ in them.
-FREE_SETTINGS = ("checkpoint_every",)
+FREE_SETTINGS = ("checkpoint_every", "save_dtype")
 
 
 @dataclass
@@ -156,16 +156,19 @@ def load_checkpoint(
     )
 
 
-def publish(heads: nn.Module, out_dir: Path, log: dict[str, Any]) -> Path | None:
-    """Replace `out_dir` by the finished heads, their log and plot; the checkpoint goes.
-    Returns the plot's path (None without matplotlib)."""
+def publish(
+    heads: nn.Module, out_dir: Path, log: dict[str, Any], dtype: mx.Dtype | None = None
+) -> Path | None:
+    """Replace `out_dir` by the finished heads (their weights stored in `dtype`, if given),
+    their log and plot; the checkpoint goes. Returns the plot's path (None without
+    matplotlib)."""
     from specmlx.heads.store import save_heads
 
     staging = out_dir.with_name(f".{out_dir.name}.finished-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     old = out_dir.with_name(f".{out_dir.name}.replaced-{os.getpid()}")
     try:
-        save_heads(heads, staging)
+        save_heads(heads, staging, dtype)
         (staging / LOG_FILE).write_text(json.dumps(log, indent=1))
         plotted = plot(log["steps"], staging / PLOT_FILE)
         if out_dir.exists():

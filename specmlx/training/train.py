@@ -97,6 +97,8 @@ class TrainConfig:
     # eagle: the decoder layer starts as a copy of the target's last layer (else as the
     # identity: its residual branches zero).
     init_from_target: bool = False
+    # The published weights' dtype on disk ("bfloat16": half the file); None: as trained.
+    save_dtype: str | None = None
     compile: bool = True
 
     def __post_init__(self) -> None:
@@ -128,6 +130,8 @@ class TrainConfig:
             raise UsageError("need patience >= 0 and 0 <= adam-beta2 < 1")
         if self.patience and not self.holdout:
             raise UsageError("patience stops on the held-out score: it needs a holdout")
+        if self.save_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise UsageError(f"save dtype: float32, bfloat16 or float16, not {self.save_dtype}")
         if self.init_from_target and not OBJECTIVES[self.kind].target_layer:
             raise UsageError(f"{self.kind} heads copy no target layer (init-from-target)")
 
@@ -254,7 +258,8 @@ def train_heads(
     training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
     heads.config = replace(heads.config, training=training)
     log = {"settings": settings_record(config), "data": described, "steps": run.log}
-    plot = ckpt.publish(heads, out_dir, log)
+    dtype = None if config.save_dtype is None else getattr(mx, config.save_dtype)
+    plot = ckpt.publish(heads, out_dir, log, dtype)
     return _report(out_dir, config, run, total, summary, finished=True, plot=plot)
 
 
