@@ -37,3 +37,19 @@ def test_committed_heads_are_lossless_and_draft_tokens_that_are_kept(smollm_with
         assert result.token_ids == expected.token_ids
         # Trained heads: the first drafted position is kept far more often than chance.
         assert result.stats.acceptance_by_position[0] > 0.3, result.stats.acceptance_by_position
+
+
+def test_committed_eagle3_heads_are_lossless_and_draft_tokens_that_are_kept():
+    need("smollm2-135m")
+    import specmlx
+
+    heads = str(HEADS / "smollm2-135m-eagle3")
+    models = specmlx.load("smollm2-135m", heads=[heads], progress=False)
+    assert models.heads["eagle"].config.kind == "eagle3"
+    plain = GenerationConfig(method="none", max_tokens=32)
+    spec = GenerationConfig(options=EagleOptions(tree_size=16), k=4, max_tokens=32)
+    for prompt in CODE:
+        expected = generate(models, prompt, plain)
+        result = generate(models, prompt, spec)
+        assert result.token_ids == expected.token_ids
+        assert result.stats.acceptance_by_position[0] > 0.3, result.stats.acceptance_by_position
