@@ -124,9 +124,9 @@ QWEN_DATA = --target qwen2.5-coder-1.5b --data models/cache/heads/qwen2.5-coder-
 
 heads-qwen: models openblas
 	$(TRAIN_HEADS) $(QWEN_DATA) --kind eagle3 --out models/heads/qwen2.5-coder-1.5b-eagle3 \
-		--steps 300 --seq-len 512 --batch-tokens 1024 --unroll 3
+		--steps 200 --seq-len 512 --batch-tokens 1024 --unroll 3
 	$(TRAIN_HEADS) $(QWEN_DATA) --kind medusa --out models/heads/qwen2.5-coder-1.5b-medusa \
-		--steps 400 --seq-len 256 --batch-tokens 1024
+		--steps 300 --seq-len 256 --batch-tokens 1024
 
 # What a reduced draft vocabulary saves (c of a Medusa and an EAGLE proposal) and gives up
 # (coverage of the target's held-out next tokens), on the Qwen heads' cached data.
@@ -135,25 +135,22 @@ heads-vocab: models openblas
 	$(PRELOAD) $(SPECMLX) draft-vocab --target qwen2.5-coder-1.5b \
 		--data models/cache/heads/qwen2.5-coder-1.5b --json results/draft-vocab-qwen-$(DATE).json
 
-# The heads beside prompt lookup on SmolLM2 (its committed heads), and beside the draft model
-# on the Qwen target (after `make heads-qwen`). EAGLE-1 and EAGLE-3 heads both draft as
-# `--method eagle`, so each target's EAGLE-3 heads get a run of their own.
+# The heads beside prompt lookup on SmolLM2 (its committed heads: Medusa, and EAGLE-3-style
+# heads, which draft as `--method eagle`), and beside the draft model on the Qwen target
+# (after `make heads-qwen`).
 SMOL_HEADS = models/heads/smollm2-135m
-HEADS_BENCH = -k 4 -k auto --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2
+HEADS_BENCH = --suite all --limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2
 bench-heads: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads $(SMOL_HEADS)-medusa \
-		--heads $(SMOL_HEADS)-eagle --method medusa --method eagle --method ngram $(HEADS_BENCH) \
-		$(call BENCH_OUT,bench-heads-smollm2)
-	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --heads $(SMOL_HEADS)-eagle3 \
-		--method eagle $(HEADS_BENCH) $(call BENCH_OUT,bench-heads-smollm2-eagle3)
+		--heads $(SMOL_HEADS)-eagle3 --method medusa --method eagle --method ngram -k 4 -k auto \
+		$(HEADS_BENCH) $(call BENCH_OUT,bench-heads-smollm2)
 
 bench-heads-qwen: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
-		--heads models/heads/qwen2.5-coder-1.5b-medusa --heads models/heads/qwen2.5-coder-1.5b-eagle3 \
-		--method medusa --method eagle --method draft --method ngram -k auto --suite all \
-		--limit 2 --temp 0 --max-tokens 64 --no-mlx-lm --repeats 2 $(call BENCH_OUT,bench-heads-qwen)
+		--heads models/heads/qwen2.5-coder-1.5b-eagle3 --method eagle --method draft \
+		--method ngram -k auto $(HEADS_BENCH) $(call BENCH_OUT,bench-heads-qwen)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:

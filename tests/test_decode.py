@@ -233,3 +233,88 @@ def test_the_loop_caps_k_once_by_room_and_by_the_drafters_depth():
     assert draft_length(16, 2, heads) == 2  # max_tokens leaves room for 2 drafts
     assert draft_length(3, 100, DrafterTraits("draft")) == 3
     assert draft_length(8, 0, DrafterTraits("draft")) == 0  # the last token: a plain step
+
+
+class Scripted:
+    """A policy that plays plans in a loop: runs of plain steps between drafts."""
+
+    def __init__(self, plans):
+        self.plans, self.i, self.observed = plans, 0, 0
+
+    def start(self):
+        pass
+
+    def choose(self):
+        from specmlx.engine.step import Plan
+
+        k, run = self.plans[self.i % len(self.plans)]
+        self.i += 1
+        return Plan(k, run=run)
+
+    def observe(self, step):
+        self.observed += 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_runs_of_plain_steps_between_drafts_keep_the_output(llama, temperature):
+    """A policy's plain run is double-buffered (one call queued past each read token) and
+    ends with nothing queued: the drafts after it, the stop token inside it and the
+    cache after it are as if every step had been planned alone."""
+    target, tokenizer, draft = llama
+    sampling = SamplingConfig(temperature=temperature)
+    for prompt in PROMPTS[:6]:
+        ids = tokenizer.encode(prompt)
+        outs = []
+        for plans in ([(0, 1)], [(0, 5), (3, 1), (0, 2), (2, 1), (0, 7)]):
+            mx.random.seed(11)
+            policy = Scripted(plans)
+            sequence = Sequence(target)
+            drafter = DraftModelDrafter(target, 320)  # self-draft: every draft token kept
+            steps = list(
+                decode(sequence, ids, drafter, policy=policy, max_tokens=30, sampling=sampling)
+            )
+            out = [t for s in steps for t in s.tokens]
+            assert len(out) == 30 and policy.observed == len(steps)
+            assert sequence.tokens == [*ids, *out[:-1]]  # all but the newest token
+            outs.append(out)
+        # Greedy, the drafts change nothing; sampled, they keep the same draws only where
+        # every step is plain: compare greedy output alone, and at T=1 the plain runs.
+        if temperature == 0:
+            assert outs[0] == outs[1]
+        stop = outs[0][9]
+        plans = [(0, 6), (2, 1)] if temperature == 0 else [(0, 30)]
+        mx.random.seed(11)
+        steps = list(
+            decode(
+                Sequence(target),
+                ids,
+                DraftModelDrafter(target, 320),
+                policy=Scripted(plans),
+                max_tokens=30,
+                sampling=sampling,
+                stop_tokens=frozenset([stop]),
+            )
+        )
+        out = [t for s in steps for t in s.tokens]
+        assert out == outs[0][: outs[0].index(stop) + 1] and steps[-1].finish == "stop"
+
+
+def test_a_plain_run_queues_the_next_call_before_reading_a_token(llama):
+    """Inside a run the next call is queued when a step is yielded; the run's last step
+    queues nothing, so a draft can follow."""
+    target, tokenizer, _ = llama
+    sequence = Sequence(target)
+    context = tokenizer.encode(PROMPTS[1])
+    queued = []  # per plain step: did the cache already take in the token just read?
+    for step in decode(
+        sequence,
+        context,
+        DraftModelDrafter(target, 320),
+        policy=Scripted([(0, 4), (2, 1)]),
+        max_tokens=14,
+        sampling=GREEDY,
+    ):
+        context = [*context, *step.tokens]
+        if step.plain:
+            queued.append(len(sequence.tokens) - (len(context) - 1))
+    assert queued[:4] == [1, 1, 1, 0] and queued[4:8] == [1, 1, 1, 0]

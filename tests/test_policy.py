@@ -54,16 +54,19 @@ def simulate(
 ):
     """Run the policy against a machine whose real costs are `truth` and whose drafts are
     kept with chance `kept(step)` per token; each step's time is off by up to ±noise.
-    Returns the plans' k per step."""
-    ks = []
+    Returns the plans' k per step (a run of plain steps counts each)."""
+    ks: list[int] = []
     policy.start()
-    for step in range(steps):
+    while len(ks) < steps:
+        step = len(ks)
         plan = policy.choose()
-        ks.append(plan.k)
         factor = slow(step) * rng.uniform(1 - noise, 1 + noise)
         if plan.k == 0:
-            policy.observe(plain_step(truth.target_call_seconds * factor))
+            for _ in range(min(plan.run, steps - step)):
+                ks.append(0)
+                policy.observe(plain_step(truth.target_call_seconds * factor))
             continue
+        ks.append(plan.k)
         rate = kept(step)
         confidences: list[float] = []
         drafted = 0
@@ -263,3 +266,64 @@ def test_a_draft_model_calibrated_twice_too_dear_is_corrected_by_its_timed_calls
     ks = simulate(policy, DRAFT, truth, lambda s: 0.98, 60, rng, noise=0.1)
     assert sum(k == 0 for k in ks) <= 2, ks
     assert policy.pricing.c == pytest.approx(0.35, rel=0.2)
+
+
+HEADS = DrafterTraits("eagle", tree_size=32, prior_acceptance=0.7, proposal_cost=0.4)
+
+
+def simulate_heads(policy, truth: CostProfile, useful, steps: int, rng: random.Random):
+    """A heads drafter whose proposal costs 0.4 calls whatever comes of it: a useful one is
+    a tree of 6 nodes, 3 deep, with 2 tokens kept; else it comes back empty (a cost-sized
+    tree whose nodes do not pay for their verification), a plain call after the proposal.
+    Returns (the plans' k, tokens per calibrated call over the run)."""
+    ks: list[int] = []
+    tokens, calls = 0, 0.0
+    policy.start()
+    while len(ks) < steps:
+        step = len(ks)
+        plan = policy.choose()
+        if plan.k == 0:
+            for _ in range(min(plan.run, steps - step)):
+                ks.append(0)
+                policy.observe(plain_step(UNIT))
+                tokens, calls = tokens + 1, calls + 1.0
+            continue
+        ks.append(plan.k)
+        nodes, depth, kept = (6, 3, 2) if useful(step) else (1, 0, 0)
+        cost = 0.4 + truth.verify_cost(nodes)
+        tokens, calls = tokens + kept + 1, calls + cost
+        policy.observe(
+            Step(
+                tokens=(0,) * (kept + 1),
+                k=plan.k,
+                n_drafted=nodes - 1,
+                draft_depth=depth,
+                n_accepted=kept,
+                seconds=cost * UNIT,
+                finish=None,
+                draft_seconds=0.4 * UNIT,
+                requested=plan.k,
+                tree=nodes > 1,
+            )
+        )
+    return ks, tokens / calls
+
+
+def test_heads_whose_proposals_come_back_empty_fall_back_to_plain():
+    """Each empty proposal costs 0.4 calls and brings nothing: counted as a missed draft
+    (not as a plain step), it sends the policy plain, within a few percent of the target
+    alone; proposals that pay keep it speculating."""
+    rng = random.Random(8)
+    truth = memory_bound()
+    policy = AdaptiveK(truth, HEADS)
+    ks, rate = simulate_heads(policy, truth, lambda s: rng.random() < 0.05, 300, rng)
+    assert sum(k > 0 for k in ks[-200:]) <= 20, ks
+    assert rate >= 0.95
+    # Counted as plain steps, the same proposals would go on forever at their prior.
+    blind = AdaptiveK(truth, DrafterTraits("eagle", tree_size=32, prior_acceptance=0.7))
+    ks, blind_rate = simulate_heads(blind, truth, lambda s: rng.random() < 0.05, 300, rng)
+    assert sum(k > 0 for k in ks[-200:]) > 100 and blind_rate < 0.9
+    # Proposals that are kept: it speculates on every step.
+    policy = AdaptiveK(truth, HEADS)
+    ks, rate = simulate_heads(policy, truth, lambda s: True, 100, rng)
+    assert all(k > 0 for k in ks) and rate > 1.5

@@ -123,12 +123,12 @@ class EagleDrafter:
         # j read tokens x_0..x_{j+1}, which `_context` keeps to tell when they still hold.
         self.n_consumed = 0
         self._context: list[int] = []
-        # Its levels are priced as the step's overhead, which the policy learns: it runs no
-        # model per drafted token.
+        # It runs no model per drafted token: its levels are one cost per proposal.
         self.traits = DrafterTraits(
             "eagle",
             tree_size=tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
+            proposal_cost=step_cost,
             features=FeatureSpec(head.config.feature_layers),
             max_depth=depth,  # the tree's levels
         )

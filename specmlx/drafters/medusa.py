@@ -64,6 +64,7 @@ class MedusaDrafter:
             "medusa",
             tree_size=tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
+            proposal_cost=step_cost,
             features=FeatureSpec(heads.config.feature_layers),
             max_depth=heads.config.num_heads,  # head i drafts the token i + 1 ahead
         )

@@ -10,7 +10,9 @@ step's one record, `Step`, which the policy observes. One host sync per step, pl
 a tree is read back to be built, and one per drafted token where a stop rule reads the draft
 model's confidences (docs/how-it-works.md says why that pays).
 Without a drafter the loop is plain decoding, the baseline, double-buffered as mlx-lm's: the
-next token's call is queued before the host reads the current one.
+next token's call is queued before the host reads the current one. A policy that falls back
+to plain steps commits to a run of them (`Plan.run`), double-buffered the same way, so a
+fall-back costs what the target alone does.
 """
 
 from __future__ import annotations
@@ -122,19 +124,31 @@ def decode(
         last = context[-1]
         plan = policy.choose()
         k = draft_length(plan.k, max_tokens - produced - 1, traits)
+        if plan.k == 0 and plan.run > 1:
+            for step in _plain(
+                target, context, policy, max_tokens - produced, sampling, stop_tokens, run=plan.run
+            ):
+                context.extend(step.tokens)
+                produced += len(step.tokens)
+                yield step
+                if step.finish is not None:
+                    return
+            continue
         if k > 0 and not prefilled:
             drafter.prefill(context, target)
             prefilled = True
             start = time.perf_counter()  # a prefill, like the target's: not the step's time
         draft = drafter.propose(context, k, sampling, plan.stop) if k > 0 else None
-        if draft is not None and draft.size == 0:
-            draft = None  # nothing to propose (an n-gram miss): a plain step
         draft_seconds = None
-        if draft is not None and draft.tree is not None:
-            draft_seconds = time.perf_counter() - start  # the tree was read back: it is done
+        if draft is not None and (draft.tree is not None or draft.size == 0):
+            draft_seconds = time.perf_counter() - start  # read back (a tree), or nothing to do
         elif draft is not None and plan.time_draft:
             mx.eval(draft.tokens)  # the draft calls, timed apart from the verify call
             draft_seconds = time.perf_counter() - start
+        if draft is not None and draft.size == 0:
+            # Nothing worth verifying (an n-gram miss, a tree whose nodes do not pay): a
+            # plain call, in a step that still paid for its proposal (`Step.proposed`).
+            draft = None
         if draft is None:
             logits = target.forward(mx.array([last], mx.uint32))[0]
             verdict, token = Verdict([]), _next_token(logits, sampling).item()
@@ -162,7 +176,7 @@ def decode(
             seconds,
             finish,
             draft_seconds,
-            requested=k if draft is not None else 0,
+            requested=k,
             confidences=draft.confidences if draft is not None else None,
             tree=draft is not None and draft.tree is not None,
         )
@@ -179,17 +193,21 @@ def _plain(
     max_tokens: int,
     sampling: SamplingConfig,
     stop_tokens: frozenset[int],
+    run: int | None = None,
 ) -> Iterator[Step]:
     """Plain decoding, double-buffered: the call for token t+1 takes token t as a lazy array
-    and is queued before the host reads token t, so the device never waits for the host."""
+    and is queued before the host reads token t, so the device never waits for the host.
+    `run`: stop after that many steps (a policy's plain stretch), with no call queued past
+    it: the cache then holds everything but the newest token, as after any step."""
+    steps = max_tokens if run is None else min(run, max_tokens)
     start = time.perf_counter()
     pending = _next_token(target.forward(mx.array([context[-1]], mx.uint32))[0], sampling)
     mx.async_eval(pending)
     target.settle([context[-1]])
     try:
-        for produced in range(1, max_tokens + 1):
+        for produced in range(1, steps + 1):
             queued = None
-            if produced < max_tokens:
+            if produced < steps:
                 queued = _next_token(target.forward(pending[None])[0], sampling)
                 mx.async_eval(queued)
             token = pending.item()  # the step's one sync
@@ -198,7 +216,7 @@ def _plain(
             finish = "stop" if token in stop_tokens else None
             if finish is None and produced == max_tokens:
                 finish = "length"
-            if finish is None:
+            if finish is None and queued is not None:
                 target.settle([token])  # the queued call's input, now known
             step = Step((token,), 0, 0, 0, 0, seconds, finish)
             policy.observe(step)

@@ -41,6 +41,9 @@ class Plan:
     k: int  # tokens to ask the drafter for (the loop caps it); 0: a plain step
     stop: StopRule | None = None  # ends a draft early (drafters that report confidence)
     time_draft: bool = False  # time the drafter's calls apart from the verify call
+    # With k = 0: plain steps in a row the policy commits to, which the loop double-buffers
+    # as plain decoding does (the next call queued before the host reads the current one).
+    run: int = 1
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,10 @@ class DrafterTraits:
     tree_size: int | None = None  # a tree drafter: tokens every proposal puts in one call
     # The chance its first drafted token is kept, before any evidence.
     prior_acceptance: float = 0.5
+    # What one proposal costs, in one-token target calls, besides its verification (heads'
+    # trees: their levels, measured at load); 0: next to nothing, or priced per token (c).
+    # A proposal that costs something is a speculative step even when it comes back empty.
+    proposal_cost: float = 0.0
     # Its drafts carry `confidences` and it honours a stop rule passed to `propose`.
     reports_confidence: bool = False
     # The target's hidden states it drafts from (heads): the target keeps them for it.
@@ -131,7 +138,7 @@ class Step:
     # The proposal's own time, where it was timed apart from the verify call (tree drafts
     # read their tree back anyway; chains when the plan asks).
     draft_seconds: float | None = None
-    requested: int = 0  # tokens asked of the drafter after the cap; 0: nothing proposed
+    requested: int = 0  # tokens asked of the drafter after the cap; 0: nothing asked
     confidences: tuple[float, ...] | None = None  # the drafter's, where it reports them
     tree: bool = False
 
@@ -139,6 +146,11 @@ class Step:
     def plain(self) -> bool:
         """Nothing was verified besides the last token."""
         return self.n_drafted == 0
+
+    @property
+    def proposed(self) -> bool:
+        """The drafter was asked for a draft (which may have come back empty)."""
+        return self.requested > 0
 
 
 class Drafter(Protocol):

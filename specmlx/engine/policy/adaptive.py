@@ -32,6 +32,10 @@ MIN_WIN = 0.05
 # The stop threshold never demands more than this chance: a draft is always allowed to go
 # on where its tokens are all but certain.
 MAX_THRESHOLD = 0.95
+# The longest run of plain steps committed to at once (the loop double-buffers a run):
+# only fading moves the rates meanwhile, slowly, and after this many steps they are read
+# again.
+MAX_PLAIN_RUN = 16
 
 
 @dataclass
@@ -83,7 +87,11 @@ class AdaptiveK:
 
     def __post_init__(self) -> None:
         self.pricing = Pricing(
-            self.profile, self.learned, self.traits.uses_model, self.traits.tree_size
+            self.profile,
+            self.learned,
+            self.traits.uses_model,
+            self.traits.tree_size,
+            self.traits.proposal_cost,
         )
         self.acceptance = AcceptanceRates(self.traits.prior_acceptance)
         self.confidence = ConfidenceBins()
@@ -133,15 +141,23 @@ class AdaptiveK:
             return self._speculate(best, rates)
         self.probing.fell_back(self.acceptance.steps)
         self.probing.since += 1
-        if self.probing.due() and self.could_win():
+        could_win = self.could_win()
+        if self.probing.due() and could_win:
             self._probe = True
             self.probing.probed()
             k = max(range(1, min(PROBE_K, self.max_k) + 1), key=rates.__getitem__)
             return self._speculate(k, rates)
-        self.plain_steps += 1
-        if self.probing.since > self.probing.fade_after:
-            self.learned.fade(self.probing.fade)
-        return Plan(0)
+        # Plain until the next probe is due: each choice until then would be plain too.
+        run = MAX_PLAIN_RUN
+        if could_win:
+            run = max(1, min(self.probing.interval - self.probing.since, MAX_PLAIN_RUN))
+        for _ in range(run):
+            self.plain_steps += 1
+            if self.probing.since > self.probing.fade_after:
+                self.learned.fade(self.probing.fade)
+            self.probing.since += 1
+        self.probing.since -= 1  # the run's last step is the one counted now
+        return Plan(0, run=run)
 
     def _speculate(self, k: int, rates: list[float]) -> Plan:
         if not self.traits.reports_confidence:
@@ -174,24 +190,32 @@ class AdaptiveK:
 
     def observe(self, step: Step) -> None:
         teaches, self._teaches_costs = self._teaches_costs, True
-        after_plain, self._after_plain = self._after_plain, step.plain
+        # A proposal that cost something speculated, even when it came back empty.
+        empty = step.plain and step.proposed and self.traits.proposal_cost > 0
+        after_plain, self._after_plain = self._after_plain, step.plain and not empty
         probe, self._probe = self._probe, False
-        if step.plain:
+        if step.plain and not empty:
+            # A plain call, or a proposal that cost next to nothing and came back empty.
             self.acceptance.plain_step()
             if teaches:
-                self.pricing.learn(step.seconds, 0, 1, None)
+                self.pricing.learn(step.seconds, 0, 1, None, plain=True)
             return
         verified = step.n_drafted + 1
-        if step.tree:
-            self.pricing.tree_size = verified  # what its trees cost now
+        if step.tree or empty:
+            # What its trees cost now; an empty one verified the root alone, and is priced
+            # and counted as a draft whose first token was missed: it brought no token.
+            self.pricing.tree_size = verified
         if probe and (step.n_accepted + 1) * self.pricing.plain() > self.pricing.step(
             step.n_drafted
         ):
             # A probe that brought more tokens than plain steps would have in its time: the
             # next one comes soon, so a recovered acceptance is found in a few steps.
             self.probing.interval = self.probing.min_every
-        requested = step.draft_depth if step.tree else step.requested
-        self.acceptance.observe(requested, step.draft_depth, step.n_accepted)
+        if empty:
+            self.acceptance.observe(1, 1, 0)
+        else:
+            requested = step.draft_depth if step.tree else step.requested
+            self.acceptance.observe(requested, step.draft_depth, step.n_accepted)
         if step.confidences and not step.tree:
             self.confidence.observe(step.confidences, step.n_accepted)
         # The first speculative step after plain ones also pays for the draft model

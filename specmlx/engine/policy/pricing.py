@@ -9,6 +9,9 @@ run (docs/adaptive-k.md):
   target call, a draft model's calls are timed apart from the verify call; both feed one
   decaying mean, because a slow spell of a shared machine slows every call alike. It
   multiplies every price, plain steps' included, so a spell moves no decision.
+- a proposal's own cost, for drafters that pay one per step whatever its length (heads'
+  trees: `DrafterTraits.proposal_cost`, measured when they load): priced into every
+  speculative step, an empty proposal's included.
 - c: a draft call's cost over a target call's, from the draft calls and the verify call of
   the same step (a spell slows both alike): a draft model calibrated too dear, say by a
   calibration taken while something else ran, is priced as it runs.
@@ -99,6 +102,7 @@ class Pricing:
     learned: LearnedCosts
     uses_model: bool  # drafted tokens cost c each
     tree_size: int | None = None  # every step of a tree drafter verifies its whole tree
+    proposal: float = 0.0  # one proposal's own cost, in calibrated calls
 
     @property
     def speed(self) -> float:
@@ -114,8 +118,9 @@ class Pricing:
         return self.speed
 
     def modelled(self, drafted: float, verified: float) -> float:
-        """The calibrated calls of a step: drafted tokens at c each, one verify call."""
-        return drafted * self.c + self.profile.verify_cost(verified)
+        """The calibrated calls of a speculative step: the proposal, drafted tokens at c
+        each, one verify call."""
+        return self.proposal + drafted * self.c + self.profile.verify_cost(verified)
 
     def verified(self, drafted: float) -> float:
         return self.tree_size if self.tree_size is not None else drafted + 1
@@ -133,14 +138,17 @@ class Pricing:
         drafted: int,
         verified: int,
         draft_seconds: float | None,
+        plain: bool = False,
     ) -> None:
-        """A step's wall time (a plain one when `drafted` is 0), and its draft calls' part."""
+        """A step's wall time, and its draft calls' part. A plain step times the target's
+        speed; a speculative one (an empty proposal's too: it verified the root alone) what
+        it cost beyond its model."""
         unit = self.profile.target_call_seconds
-        if drafted == 0:
+        if plain:
             self.learned.observe_speed(seconds / unit)
             return
         draft_call = self.profile.draft_call_seconds
-        if draft_seconds is not None and draft_call and self.uses_model:
+        if draft_seconds is not None and draft_call and self.uses_model and drafted:
             self.learned.observe_speed(draft_seconds / (drafted * draft_call), calls=drafted)
             verify_seconds = seconds - draft_seconds
             if verify_seconds > 0 and self.profile.c > 0:
