@@ -327,3 +327,26 @@ def test_heads_whose_proposals_come_back_empty_fall_back_to_plain():
     policy = AdaptiveK(truth, HEADS)
     ks, rate = simulate_heads(policy, truth, lambda s: True, 100, rng)
     assert all(k > 0 for k in ks) and rate > 1.5
+
+
+def test_the_next_response_starts_from_what_the_last_saw_of_the_drafts():
+    """A response after one whose drafts were all rejected starts plain (a fresh policy
+    starts from the drafter's prior and speculates); one after kept drafts speculates."""
+    from specmlx.engine.policy import Experience
+
+    rng = random.Random(9)
+    truth = memory_bound()
+    rejected = AdaptiveK(truth, HEADS)
+    simulate_heads(rejected, truth, lambda s: False, 60, rng)
+    assert isinstance(rejected.experience, Experience)
+    after = AdaptiveK(truth, HEADS, learned=rejected.learned, experience=rejected.experience)
+    after.start()
+    assert after.choose().k == 0
+    fresh = AdaptiveK(truth, HEADS, learned=rejected.learned)
+    fresh.start()
+    assert fresh.choose().k > 0
+    kept = AdaptiveK(truth, HEADS)
+    simulate_heads(kept, truth, lambda s: True, 30, rng)
+    following = AdaptiveK(truth, HEADS, learned=kept.learned, experience=kept.experience)
+    following.start()
+    assert following.choose().k > 0 and following.pricing.tree_size == 6

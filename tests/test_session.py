@@ -98,3 +98,20 @@ def test_policies_are_kept_for_the_samplers_used_last(models):
     assert session.policy(SamplingConfig()) is not first  # the oldest went
     hot = SamplingConfig(temperature=0.5)
     assert session.policy(hot) is session.policy(hot)
+
+
+def test_a_new_session_starts_from_what_earlier_ones_saw_of_the_drafts(models):
+    """`specmlx.generate` and each bench row make a session per call: the adaptive policy's
+    acceptance and probing carry over on the loaded models, as its costs do."""
+    from specmlx.engine.costs import CostProfile
+
+    profile = CostProfile(1.0, 0.001, {n: 1.0 for n in range(1, 17)})
+    config = GenerationConfig(method="draft", max_tokens=12)
+    ids = encode_prompt(models, FIRST, True)
+    first = Session(models, config, profile)
+    list(first.steps(ids))
+    policy = first.policy(config.sampling)
+    assert policy.acceptance.steps > 0
+    second = Session(models, config, profile).policy(config.sampling)
+    assert second is not policy
+    assert second.acceptance is policy.acceptance and second.probing is policy.probing

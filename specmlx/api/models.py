@@ -15,7 +15,7 @@ from specmlx.engine.sampling import SamplingConfig
 if TYPE_CHECKING:
     import mlx.nn as nn
 
-    from specmlx.engine.policy import LearnedCosts
+    from specmlx.engine.policy import Experience, LearnedCosts
 
 
 # Whose measured costs: drafter kind, tree size, sampler, calibrated target and draft call.
@@ -35,6 +35,8 @@ class Models:
     heads: dict[str, Any] = field(default_factory=dict)
     # What adaptive k measured of each drafter's costs on this machine, for the next response.
     learned_costs: dict[CostKey, LearnedCosts] = field(default_factory=dict, repr=False)
+    # And what it saw of their drafts (acceptance, tree sizes, probing), under the same keys.
+    experience: dict[CostKey, Experience] = field(default_factory=dict, repr=False)
     # A cost-sized tree drafter's proposal over a target call, timed once per loaded models
     # (by kind and tree shape), for every session built on them.
     proposal_costs: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)

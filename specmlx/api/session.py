@@ -96,7 +96,8 @@ class Session:
 
             self.profile, _ = load_or_measure(self.models, with_draft=traits.uses_model)
         profile = self.profile
-        # The costs earlier responses measured carry over: they are the machine's.
+        # The costs earlier responses measured carry over: they are the machine's; so does
+        # what they saw of this drafter's drafts.
         key: CostKey = (
             traits.kind,
             traits.tree_size,
@@ -104,13 +105,16 @@ class Session:
             profile.target_call_seconds,
             profile.draft_call_seconds,
         )
-        return AdaptiveK(
+        policy = AdaptiveK(
             profile,
             traits,
             learned=self.models.learned_costs.setdefault(key, LearnedCosts()),
             max_k=self.config.max_k,
             p_min=p_min,
+            experience=self.models.experience.get(key),
         )
+        self.models.experience[key] = policy.experience  # the next session's start
+        return policy
 
     def request(self, config: GenerationConfig | None) -> GenerationConfig:
         """A request's config: the session's, with the request's own sampling, length, seed

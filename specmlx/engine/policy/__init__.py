@@ -4,10 +4,10 @@
 what it measures (`-k auto`, docs/adaptive-k.md).
 """
 
-from specmlx.engine.policy.adaptive import AdaptiveK
+from specmlx.engine.policy.adaptive import AdaptiveK, Experience
 from specmlx.engine.policy.base import Policy
 from specmlx.engine.policy.fixed import FixedK
 from specmlx.engine.policy.pricing import LearnedCosts
 from specmlx.engine.step import Plan
 
-__all__ = ["AdaptiveK", "FixedK", "LearnedCosts", "Plan", "Policy"]
+__all__ = ["AdaptiveK", "Experience", "FixedK", "LearnedCosts", "Plan", "Policy"]

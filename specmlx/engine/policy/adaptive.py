@@ -74,6 +74,21 @@ class Probing:
 
 
 @dataclass
+class Experience:
+    """What adaptive k learned of a drafter besides its costs: how often its drafts are
+    kept (by position, and by its confidence), the size its trees came to, and when it next
+    probes after falling back. Kept with the loaded models, as `LearnedCosts` are, so that
+    the next response (a script's next call, the bench's next prompt) starts from what the
+    last ones saw rather than from the drafter's prior; acceptance decays per step, so a
+    response of another kind moves it within a few dozen steps."""
+
+    acceptance: AcceptanceRates
+    confidence: ConfidenceBins = field(default_factory=ConfidenceBins)
+    probing: Probing = field(default_factory=Probing)
+    tree_size: int | None = None  # the tokens its last tree verified
+
+
+@dataclass
 class AdaptiveK:
     """Chooses k per step from calibrated costs and acceptance learned as it goes."""
 
@@ -82,19 +97,22 @@ class AdaptiveK:
     learned: LearnedCosts = field(default_factory=LearnedCosts)
     max_k: int = 16
     p_min: float | None = None  # a user's fixed confidence threshold; None: from the costs
-    probing: Probing = field(default_factory=Probing)
+    experience: Experience | None = None  # None: from the drafter's prior
     plain_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.experience is None:
+            self.experience = Experience(AcceptanceRates(self.traits.prior_acceptance))
         self.pricing = Pricing(
             self.profile,
             self.learned,
             self.traits.uses_model,
-            self.traits.tree_size,
+            self.experience.tree_size or self.traits.tree_size,
             self.traits.proposal_cost,
         )
-        self.acceptance = AcceptanceRates(self.traits.prior_acceptance)
-        self.confidence = ConfidenceBins()
+        self.acceptance = self.experience.acceptance
+        self.confidence = self.experience.confidence
+        self.probing = self.experience.probing
         self._probe = False  # the step under way is a probe
         self._teaches_costs = False  # the step under way may teach costs
         self._after_plain = True
@@ -127,6 +145,7 @@ class AdaptiveK:
         (Ctrl-C in a chat) is not this one's."""
         self._teaches_costs = False
         self._probe = False
+        self.acceptance.missed = False  # the context ends on the prompt: nothing was missed
 
     def choose(self) -> Plan:
         rates = self.rates()
@@ -204,7 +223,7 @@ class AdaptiveK:
         if step.tree or empty:
             # What its trees cost now; an empty one verified the root alone, and is priced
             # and counted as a draft whose first token was missed: it brought no token.
-            self.pricing.tree_size = verified
+            self.pricing.tree_size = self.experience.tree_size = verified
         if probe and (step.n_accepted + 1) * self.pricing.plain() > self.pricing.step(
             step.n_drafted
         ):
