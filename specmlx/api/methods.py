@@ -159,8 +159,9 @@ def _medusa(models: Models, options: MedusaOptions) -> Drafter:
         throwaway = MedusaDrafter(heads, MAX_TREE, options.width)
         models.proposal_costs[key] = _proposal_cost(models, throwaway, heads.config.num_heads)
     step_cost = models.proposal_costs[key]
+    verify_cost, largest = _verify_cost(models)
     return MedusaDrafter(
-        heads, MAX_TREE, options.width, verify_cost=_verify_cost(models), step_cost=step_cost
+        heads, largest, options.width, verify_cost=verify_cost, step_cost=step_cost
     )
 
 
@@ -175,8 +176,14 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
     if key not in models.proposal_costs:
         throwaway = EagleDrafter(head, *shape)
         models.proposal_costs[key] = _proposal_cost(models, throwaway, options.depth)
+    verify_cost, largest = _verify_cost(models)
     return EagleDrafter(
-        head, *shape, verify_cost=_verify_cost(models), step_cost=models.proposal_costs[key]
+        head,
+        largest,
+        options.depth,
+        options.width,
+        verify_cost=verify_cost,
+        step_cost=models.proposal_costs[key],
     )
 
 
@@ -214,12 +221,16 @@ def _proposal_cost(models: Models, drafter: Drafter, k: int, reps: int = 4) -> f
     return min(proposals[1:]) / min(calls[1:])
 
 
-def _verify_cost(models: Models) -> Callable[[int], float]:
+def _verify_cost(models: Models) -> tuple[Callable[[int], float], int]:
     """The target's calibrated cost of an n-token call over a one-token call, by which heads
-    size their trees per step (no draft model to time)."""
+    size their trees per step (no draft model to time), and the most nodes a tree may keep:
+    the largest call the calibration timed (at most MAX_TREE). Past it v(n) is extrapolated,
+    and where calls are launch-bound the curve is flat at its end (an H200: v(4) = v(16)),
+    so an extrapolated 64-node tree was priced as a 4-node one and verified at a loss."""
     from specmlx.api.calibration import load_or_measure
 
-    return load_or_measure(models, with_draft=False)[0].verify_cost
+    profile = load_or_measure(models, with_draft=False)[0]
+    return profile.verify_cost, min(MAX_TREE, max(profile.v))
 
 
 METHODS: dict[str, Method] = {
