@@ -126,8 +126,11 @@ class AdaptiveK:
         """Predicted tokens per calibrated call-time of a step asked for k, k = 0..max_k."""
         curve = self.acceptance.curve(self.max_k, optimism)
         tokens, drafted = expectations(curve)
+        offered = self.acceptance.offered.mean(1.0)
         plain = [1.0 / self.pricing.plain()]
-        return plain + [tokens[k] / self.pricing.step(drafted[k]) for k in range(1, self.max_k + 1)]
+        return plain + [
+            tokens[k] / self.pricing.step(drafted[k], offered) for k in range(1, self.max_k + 1)
+        ]
 
     def could_win(self) -> bool:
         """Whether some k beats plain decoding if every drafted token were kept: if not,
@@ -220,10 +223,12 @@ class AdaptiveK:
                 self.pricing.learn(step.seconds, 0, 1, None, plain=True)
             return
         verified = step.n_drafted + 1
-        if step.tree or empty:
-            # What its trees cost now; an empty one verified the root alone, and is priced
-            # and counted as a draft whose first token was missed: it brought no token.
-            self.pricing.tree_size = self.experience.tree_size = verified
+        if self.traits.proposal_cost > 0:
+            # An empty proposal brought only the target's token for its cost: it lowers the
+            # rate at which proposals offer anything, not the acceptance of what they offer.
+            self.acceptance.offer(not empty)
+        if step.tree:
+            self.pricing.tree_size = self.experience.tree_size = verified  # what trees cost now
         if probe and (step.n_accepted + 1) * self.pricing.plain() > self.pricing.step(
             step.n_drafted
         ):
@@ -231,7 +236,7 @@ class AdaptiveK:
             # next one comes soon, so a recovered acceptance is found in a few steps.
             self.probing.interval = self.probing.min_every
         if empty:
-            self.acceptance.observe(1, 1, 0)
+            self.acceptance.plain_step()  # the context goes on with the target's own token
         else:
             requested = step.draft_depth if step.tree else step.requested
             self.acceptance.observe(requested, step.draft_depth, step.n_accepted)

@@ -81,12 +81,16 @@ class AcceptanceRates:
     drafted: list[Decaying] = field(default_factory=list)  # continuation of positions 1..
     first: tuple[Decaying, Decaying] = field(init=False)  # (after a miss, on track)
     pooled: Decaying = field(init=False)  # the first position in either state
+    # How often a proposal offers anything at all: a cost-sized tree comes back empty where
+    # no node pays for its verification (1 until such a drafter says otherwise).
+    offered: Decaying = field(init=False)
     missed: bool = False
     steps: int = 0  # speculative steps seen, undecayed
 
     def __post_init__(self) -> None:
         self.first = (Decaying(self.decay), Decaying(self.decay))
         self.pooled = Decaying(self.decay)
+        self.offered = Decaying(self.decay)
 
     def observe(self, requested: int, depth: int, accepted: int) -> None:
         """A step asked for `requested` positions, drafted `depth`, had `accepted` kept."""
@@ -107,13 +111,19 @@ class AcceptanceRates:
             self.drafted[j - 1].add(j < depth)
         self.missed = accepted < depth
 
+    def offer(self, offered: bool) -> None:
+        """A proposal of a drafter that may offer nothing (`DrafterTraits.proposal_cost`):
+        did it? An empty one teaches nothing of acceptance."""
+        self.offered.observe(offered)
+
     def plain_step(self) -> None:
         """A step without a draft: the context goes on with the target's own token, as after
         a draft that was all kept."""
         self.missed = False
 
     def curve(self, n: int, optimism: float = 0.0) -> list[tuple[float, float]]:
-        """(continuation, acceptance) of positions 0..n-1; position 0 is always drafted.
+        """(continuation, acceptance) of positions 0..n-1; position 0 is drafted when the
+        proposal offers anything (`offered`).
 
         The first position's acceptance is that of the state the last step left, leaning on
         the first position's rate in both states, which leans on the prior; `optimism` adds
@@ -129,7 +139,7 @@ class AcceptanceRates:
         if optimism:
             spread = rate * (1 - rate) / (self.steps + state.prior_weight)
             rate = min(1.0, rate + optimism * spread**0.5)
-        result = [(1.0, rate)]
+        result = [(self.offered.mean(1.0), rate)]
         for j in range(1, n):
             cont_prior = result[-1][0]
             kept_prior = max(result[-1][1], on_track)

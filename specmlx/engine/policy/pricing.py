@@ -125,12 +125,16 @@ class Pricing:
     def verified(self, drafted: float) -> float:
         return self.tree_size if self.tree_size is not None else drafted + 1
 
-    def step(self, drafted: float) -> float:
+    def step(self, drafted: float, offered: float = 1.0) -> float:
         """A speculative step drafting `drafted` tokens (an expectation, maybe), at the
-        current speed, with its measured overhead."""
+        current speed, with its measured overhead. A tree drafter's proposal offers a tree
+        with chance `offered`; otherwise it paid for itself and a one-token call."""
         verified = self.verified(drafted)
-        overhead = self.learned.overhead_at(verified)
-        return max(self.speed * (self.modelled(drafted, verified) + overhead), 0.1 * self.speed)
+        price = self.modelled(drafted, verified) + self.learned.overhead_at(verified)
+        if self.tree_size is not None and offered < 1.0:
+            empty = self.modelled(0, 1) + self.learned.overhead_at(1)
+            price = offered * price + (1.0 - offered) * empty
+        return max(self.speed * price, 0.1 * self.speed)
 
     def learn(
         self,
