@@ -149,8 +149,9 @@ bench-heads: models openblas
 bench-heads-qwen: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
-		--heads models/heads/qwen2.5-coder-1.5b-eagle3 --method eagle --method draft \
-		--method ngram -k auto $(HEADS_BENCH) $(call BENCH_OUT,bench-heads-qwen)
+		--heads models/heads/qwen2.5-coder-1.5b-medusa --heads models/heads/qwen2.5-coder-1.5b-eagle3 \
+		--method medusa --method eagle --method draft --method ngram -k auto $(HEADS_BENCH) \
+		$(call BENCH_OUT,bench-heads-qwen)
 
 # Debian's OpenBLAS for the memory-bound regime on Linux CPUs (nothing to do elsewhere).
 openblas:

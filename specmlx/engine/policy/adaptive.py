@@ -79,8 +79,10 @@ class Experience:
     kept (by position, and by its confidence), the size its trees came to, and when it next
     probes after falling back. Kept with the loaded models, as `LearnedCosts` are, so that
     the next response (a script's next call, the bench's next prompt) starts from what the
-    last ones saw rather than from the drafter's prior; acceptance decays per step, so a
-    response of another kind moves it within a few dozen steps."""
+    last ones saw rather than from the drafter's prior alone. What they saw counts for a
+    new response as a prior does (`AcceptanceRates.carried`), and its probing wait is cut
+    back to `Probing.every`: a response of another kind is not held to the last one's
+    rates."""
 
     acceptance: AcceptanceRates
     confidence: ConfidenceBins = field(default_factory=ConfidenceBins)
@@ -148,7 +150,9 @@ class AdaptiveK:
         (Ctrl-C in a chat) is not this one's."""
         self._teaches_costs = False
         self._probe = False
-        self.acceptance.missed = False  # the context ends on the prompt: nothing was missed
+        self.acceptance.carried()
+        # A response probes within `every` plain steps whatever the last one's wait came to.
+        self.probing.interval = min(self.probing.interval, self.probing.every)
 
     def choose(self) -> Plan:
         rates = self.rates()

@@ -53,6 +53,12 @@ class Decaying:
         denominator = self.weight + self.prior_weight
         return (self.total + prior * self.prior_weight) / denominator if denominator else prior
 
+    def lighten(self, most: float) -> None:
+        """Keep the mean, but let the evidence count for at most `most` observations."""
+        if self.weight > most:
+            self.total *= most / self.weight
+            self.weight = most
+
     def fade(self, factor: float, toward: float) -> None:
         """Time passed without a measurement: the evidence's departure from `toward` shrinks
         by `factor`, its weight unchanged."""
@@ -110,6 +116,14 @@ class AcceptanceRates:
         for j in range(1, min(depth + 1, requested)):
             self.drafted[j - 1].add(j < depth)
         self.missed = accepted < depth
+
+    def carried(self, most: float = PRIOR_WEIGHT) -> None:
+        """A new response starts from what earlier ones saw, worth at most `most` steps of
+        evidence per estimate (as much as the prior): a few of its own steps outweigh it, so
+        an extraction after a chat is not held to the chat's rates for long."""
+        for estimate in (*self.first, self.pooled, *self.kept, *self.drafted, self.offered):
+            estimate.lighten(most)
+        self.missed = False  # the context ends on the prompt: nothing was missed
 
     def offer(self, offered: bool) -> None:
         """A proposal of a drafter that may offer nothing (`DrafterTraits.proposal_cost`):
