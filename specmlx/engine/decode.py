@@ -124,7 +124,7 @@ def decode(
         last = context[-1]
         plan = policy.choose()
         k = draft_length(plan.k, max_tokens - produced - 1, traits)
-        if plan.k == 0 and plan.run > 1:
+        if plan.k == 0:  # the policy's plain steps, a run of them double-buffered
             for step in _plain(
                 target, context, policy, max_tokens - produced, sampling, stop_tokens, run=plan.run
             ):

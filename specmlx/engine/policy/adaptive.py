@@ -177,12 +177,11 @@ class AdaptiveK:
         run = MAX_PLAIN_RUN
         if could_win:
             run = max(1, min(self.probing.interval - self.probing.since, MAX_PLAIN_RUN))
-        for _ in range(run):
-            self.plain_steps += 1
-            if self.probing.since > self.probing.fade_after:
+        for since in range(self.probing.since, self.probing.since + run):
+            if since > self.probing.fade_after:
                 self.learned.fade(self.probing.fade)
-            self.probing.since += 1
-        self.probing.since -= 1  # the run's last step is the one counted now
+        self.probing.since += run - 1  # the run's first step was counted above
+        self.plain_steps += run
         return Plan(0, run=run)
 
     def _speculate(self, k: int, rates: list[float]) -> Plan:
