@@ -13,6 +13,8 @@ _EXPORTS = {
     "load": "specmlx.api.load",
     "generate": "specmlx.api.generate",
     "stream_generate": "specmlx.api.generate",
+    "generate_many": "specmlx.api.batch",
+    "Request": "specmlx.api.batch",
     "GenerationConfig": "specmlx.api.config",
     "ChatSession": "specmlx.api.chat",
     "Session": "specmlx.api.session",

@@ -42,7 +42,7 @@ class GenerationConfig:
             method(self.method)  # a known name, or a one-line error
         if self.options is not None:
             owner = owner_of(self.options)
-            if self.method is not None and owner.name != self.method:
+            if self.method is not None and method(self.method).options is not owner.options:
                 raise UsageError(
                     f"{type(self.options).__name__} are options of --method {owner.name}, "
                     f"not of --method {self.method}"

@@ -93,11 +93,44 @@ class EagleOptions:
             raise UsageError("eagle needs tree-size >= 2, depth >= 1 and width >= 1")
 
 
+@dataclass(frozen=True)
+class SuffixOptions:
+    """Suffix decoding: drafts what followed the longest earlier match of the context, in
+    the prompt, the answer so far and earlier answers (`memory` tokens of them, per loaded
+    target, the oldest dropped first; `cache`: a file that keeps them across runs). A draft
+    holds at most `factor` tokens per matched token; a branch fewer than `min_prob` of its
+    parent's occurrences took is dropped; `tree_size` None keeps as many nodes as pay (from
+    the calibrated v(n)), a number at most that many (root included). With a fallback
+    (`suffix+draft`, `suffix+heads`) a step drafts from the suffix where it expects at least
+    `min_score` tokens kept, else from the fallback."""
+
+    tree_size: int | None = None
+    factor: float = 1.0
+    min_prob: float = 0.1
+    memory: int = 100_000
+    cache: str | None = None
+    min_score: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.tree_size is not None and self.tree_size < 2:
+            raise UsageError(f"suffix needs tree-size >= 2, got {self.tree_size}")
+        if self.factor <= 0 or not 0 <= self.min_prob <= 1 or self.min_score < 0:
+            raise UsageError("suffix needs factor > 0, min-prob in [0, 1] and min-score >= 0")
+        if self.memory < 1:
+            raise UsageError(f"suffix-memory must be at least 1 token, got {self.memory}")
+
+
 # The most nodes a cost-sized tree of heads may keep (root included).
 MAX_TREE = 64
 
 MethodOptions = (
-    NoOptions | DraftOptions | NgramOptions | LookaheadOptions | MedusaOptions | EagleOptions
+    NoOptions
+    | DraftOptions
+    | NgramOptions
+    | LookaheadOptions
+    | MedusaOptions
+    | EagleOptions
+    | SuffixOptions
 )
 Builder = Callable[["Models", Any], "Drafter | None"]
 
@@ -111,6 +144,8 @@ class Method:
     build: Builder
     needs_heads: bool = False
     drafts_trees: bool = False  # verifies token trees (not chains)
+    # Its sessions keep every answer in the loaded target's suffix memory (`Models.memory`).
+    remembers: bool = False
 
     def settings(self, options: Any) -> dict[str, Any]:
         """The options as plain data, for reports."""
@@ -185,6 +220,35 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
         verify_cost=verify_cost,
         step_cost=models.proposal_costs[key],
     )
+
+
+def _suffix(models: Models, options: SuffixOptions, fallback: Drafter | None = None) -> Drafter:
+    from specmlx.drafters.suffix import SuffixDrafter
+
+    cap, verify_cost = options.tree_size or MAX_TREE, None
+    if options.tree_size is None:
+        verify_cost, cap = _verify_cost(models)
+    return SuffixDrafter(
+        models.memory(options.memory, options.cache),
+        tree_size=cap,
+        factor=options.factor,
+        min_prob=options.min_prob,
+        verify_cost=verify_cost,
+        fallback=fallback,
+        min_score=options.min_score,
+    )
+
+
+def _suffix_draft(models: Models, options: SuffixOptions) -> Drafter:
+    return _suffix(models, options, _draft(models, DraftOptions()))
+
+
+def _suffix_heads(models: Models, options: SuffixOptions) -> Drafter:
+    if "eagle" in models.heads:
+        return _suffix(models, options, _eagle(models, EagleOptions()))
+    if "medusa" in models.heads:
+        return _suffix(models, options, _medusa(models, MedusaOptions()))
+    raise UsageError("--method suffix+heads needs heads (--heads DIR)")
 
 
 def _proposal_cost(models: Models, drafter: Drafter, k: int, reps: int = 4) -> float:
@@ -265,6 +329,34 @@ METHODS: dict[str, Method] = {
             needs_heads=True,
             drafts_trees=True,
         ),
+        Method(
+            "suffix",
+            "suffix decoding over the prompt and earlier answers, no draft model",
+            SuffixOptions,
+            False,
+            _suffix,
+            drafts_trees=True,
+            remembers=True,
+        ),
+        Method(
+            "suffix+draft",
+            "suffix decoding, the draft model where no long match is found",
+            SuffixOptions,
+            True,
+            _suffix_draft,
+            drafts_trees=True,
+            remembers=True,
+        ),
+        Method(
+            "suffix+heads",
+            "suffix decoding, the heads (--heads) where no long match is found",
+            SuffixOptions,
+            False,
+            _suffix_heads,
+            needs_heads=True,
+            drafts_trees=True,
+            remembers=True,
+        ),
     )
 }
 
@@ -278,9 +370,16 @@ def method(name: str) -> Method:
 
 
 def owner_of(options: MethodOptions | type) -> Method:
-    """The method whose options these are (an options object, or its type)."""
+    """The method whose options these are (an options object, or its type): the first of
+    the methods that take them (`suffix` before its hybrids)."""
     kind = options if isinstance(options, type) else type(options)
     return next(m for m in METHODS.values() if m.options is kind)
+
+
+def takers_of(options: MethodOptions | type) -> list[Method]:
+    """Every method that takes these options."""
+    kind = options if isinstance(options, type) else type(options)
+    return [m for m in METHODS.values() if m.options is kind]
 
 
 def methods_help() -> str:

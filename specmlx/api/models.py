@@ -15,6 +15,7 @@ from specmlx.engine.sampling import SamplingConfig
 if TYPE_CHECKING:
     import mlx.nn as nn
 
+    from specmlx.drafters.suffix_store import SuffixStore
     from specmlx.engine.policy import Experience, LearnedCosts
 
 
@@ -40,6 +41,41 @@ class Models:
     # A cost-sized tree drafter's proposal over a target call, timed once per loaded models
     # (by kind and tree shape), for every session built on them.
     proposal_costs: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
+    # Earlier answers, for suffix decoding: made by the first session that drafts with it,
+    # then shared by every session on these models (generate, chat, server, batch).
+    suffix_store: SuffixStore | None = field(default=None, repr=False)
+
+    def memory(self, budget: int, cache: str | None = None) -> SuffixStore:
+        """The suffix memory of these models: `budget` tokens of earlier answers, read from
+        and kept in the file `cache` when given (refused if made for another tokenizer)."""
+        from specmlx.drafters.suffix_store import SuffixStore, load_store
+        from specmlx.errors import UsageError
+
+        path = None if cache is None else Path(cache).expanduser()
+        store = self.suffix_store
+        if store is not None:
+            if store.path != path:
+                raise UsageError(
+                    f"these models keep their suffix memory in {store.path or 'memory only'}; "
+                    "another --suffix-cache needs the models loaded again"
+                )
+            store.budget = budget
+            return store
+        if path is None:
+            store = SuffixStore(budget, self.tokenizer_id)
+        else:
+            store = load_store(path, budget, self.tokenizer_id)
+        self.suffix_store = store
+        return store
+
+    @property
+    def tokenizer_id(self) -> str:
+        """What names the tokenizer: a hash of its vocabulary and end tokens."""
+        if self.tokenizer is None:
+            return "none"
+        from specmlx.heads.base import tokenizer_sha256
+
+        return tokenizer_sha256(self.tokenizer)
 
     @property
     def vocab_size(self) -> int:

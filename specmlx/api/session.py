@@ -135,7 +135,7 @@ class Session:
         return self._decode(prompt_ids, self.request(config))
 
     def _decode(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[Step]:
-        return decode(
+        steps = decode(
             self.target,
             prompt_ids,
             self.drafter,
@@ -144,6 +144,22 @@ class Session:
             sampling=config.sampling,
             stop_tokens=self.stop_tokens,
         )
+        if not self.method.remembers or self.models.suffix_store is None:
+            return steps
+        return self._remembered(prompt_ids, steps)
+
+    def _remembered(self, prompt_ids: list[int], steps: Iterator[Step]) -> Iterator[Step]:
+        """The steps, then the answer kept in the suffix memory (and its file, when it has
+        one): a reply stopped early is kept as far as it went."""
+        answer: list[int] = []
+        try:
+            for step in steps:
+                answer.extend(step.tokens)
+                yield step
+        finally:
+            store = self.models.suffix_store
+            store.record(prompt_ids, answer)
+            store.save()
 
     def stream(
         self, prompt_ids: list[int], config: GenerationConfig | None = None

@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt
-from specmlx.api.methods import METHODS, MethodOptions, owner_of
+from specmlx.api.methods import METHODS, MethodOptions
 from specmlx.api.models import Models
 from specmlx.api.session import Session
 from specmlx.bench.suites import Suite
@@ -136,7 +136,8 @@ class BenchConfig:
 
     def options_of(self, row: RowSpec) -> MethodOptions | None:
         """The options a row's method runs with; None: its defaults."""
-        return next((o for o in self.options if owner_of(o).name == row.method), None)
+        taken = METHODS[row.method].options if row.method in METHODS else None
+        return next((o for o in self.options if type(o) is taken), None)
 
     @property
     def total_runs(self) -> int:

@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from specmlx import __version__
-from specmlx.cli import bench, generate, heads, model_commands, serve
+from specmlx.cli import batch, bench, generate, heads, model_commands, serve
 from specmlx.cli.common import handles_errors
 
 # Quiet the libraries we drive: no transformers banner about PyTorch, no hub telemetry.
@@ -59,6 +59,7 @@ for command in (
     model_commands.models,
     generate.generate,
     generate.chat,
+    batch.batch,
     bench.bench,
     model_commands.calibrate,
     serve.serve,

@@ -35,9 +35,11 @@ from specmlx.api.methods import (
     Method,
     MethodOptions,
     NgramOptions,
+    SuffixOptions,
     method,
     methods_help,
     owner_of,
+    takers_of,
 )
 from specmlx.errors import UsageError
 
@@ -87,14 +89,23 @@ _METHOD_FLAGS: dict[str, tuple[tuple[type, str], ...]] = {
     "window": ((LookaheadOptions, "window"),),
     "ngram_size": ((LookaheadOptions, "ngram"),),
     "guesses": ((LookaheadOptions, "guesses"),),
-    "tree_size": ((MedusaOptions, "tree_size"), (EagleOptions, "tree_size")),
+    "tree_size": (
+        (MedusaOptions, "tree_size"),
+        (EagleOptions, "tree_size"),
+        (SuffixOptions, "tree_size"),
+    ),
     "width": ((MedusaOptions, "width"), (EagleOptions, "width")),
     "depth": ((EagleOptions, "depth"),),
+    "suffix_memory": ((SuffixOptions, "memory"),),
+    "suffix_cache": ((SuffixOptions, "cache"),),
+    "suffix_factor": ((SuffixOptions, "factor"),),
+    "suffix_min_prob": ((SuffixOptions, "min_prob"),),
+    "suffix_min_score": ((SuffixOptions, "min_score"),),
 }
 
 
 def _owners(flag: str) -> list[Method]:
-    return [owner_of(options) for options, _ in _METHOD_FLAGS[flag]]
+    return [m for options, _ in _METHOD_FLAGS[flag] for m in takers_of(options)]
 
 
 def _field(flag: str, used: Method) -> str:
@@ -184,6 +195,33 @@ class MethodFlags:
     ] = None
     width: Annotated[int | None, _method_flag("width", "candidates kept per head or level.")] = None
     depth: Annotated[int | None, _method_flag("depth", "most levels an EAGLE tree grows.")] = None
+    suffix_memory: Annotated[
+        int | None,
+        _method_flag("suffix_memory", "tokens of earlier answers kept (the oldest go first)."),
+    ] = None
+    suffix_cache: Annotated[
+        str | None,
+        _method_flag(
+            "suffix_cache",
+            "a file that keeps the earlier answers across runs (read at start, written after "
+            "each answer; refused if made for another tokenizer).",
+        ),
+    ] = None
+    suffix_factor: Annotated[
+        float | None, _method_flag("suffix_factor", "most drafted tokens per matched token.")
+    ] = None
+    suffix_min_prob: Annotated[
+        float | None,
+        _method_flag("suffix_min_prob", "drop a branch fewer than this share of matches took."),
+    ] = None
+    suffix_min_score: Annotated[
+        float | None,
+        _method_flag(
+            "suffix_min_score",
+            "with --draft or --heads: draft from the suffix when it expects this many tokens "
+            "kept, else from them.",
+        ),
+    ] = None
 
     def given(self) -> list[str]:
         """The options given on the command line, by field name."""
@@ -199,6 +237,9 @@ class MethodFlags:
             return None
         # The methods every given option belongs to.
         common = set.intersection(*({m.name for m in _owners(flag)} for flag in given))
+        kinds = {METHODS[name].options for name in common}
+        if len(common) > 1 and len(kinds) == 1:
+            return owner_of(kinds.pop())  # suffix's options: suffix alone unless told
         if len(common) != 1:
             flags = " and ".join(_flag_name(flag) for flag in given)
             what = "different methods" if not common else " or ".join(sorted(common))
@@ -262,6 +303,12 @@ class SharedOptions:
         from specmlx.engine.sampling import SamplingConfig
 
         used = self.method_flags.method(method_name)
+        if used is not None and used.name == "suffix":
+            # `--method suffix --draft M` (or `--heads DIR`): the draft falls back to them.
+            if self.models.draft is not None:
+                used = METHODS["suffix+draft"]
+            elif self.models.heads:
+                used = METHODS["suffix+heads"]
         return GenerationConfig(
             method=None if used is None else used.name,
             options=self.method_flags.options(used),

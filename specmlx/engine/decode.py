@@ -179,6 +179,7 @@ def decode(
             requested=k,
             confidences=draft.confidences if draft is not None else None,
             tree=draft is not None and draft.tree is not None,
+            free=draft is not None and draft.free,
         )
         policy.observe(step)
         yield step

@@ -94,6 +94,8 @@ class Draft:
     tree: Tree | None = None
     # The drafter's own probability of each token it drafted, where it reports them.
     confidences: tuple[float, ...] | None = None
+    # Drafted without a model call (a suffix match): no draft cost to learn from its step.
+    free: bool = False
 
     def __post_init__(self) -> None:
         assert self.tree is None or self.probs is None, "tree drafts are deterministic"
@@ -141,6 +143,7 @@ class Step:
     requested: int = 0  # tokens asked of the drafter after the cap; 0: nothing asked
     confidences: tuple[float, ...] | None = None  # the drafter's, where it reports them
     tree: bool = False
+    free: bool = False  # the draft came without a model call (`Draft.free`)
 
     @property
     def plain(self) -> bool:

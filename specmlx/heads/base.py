@@ -201,12 +201,12 @@ def fingerprint(model: nn.Module, tokenizer: Any | None) -> dict[str, Any]:
         "hidden_size": model.args.hidden_size,
         "num_layers": len(inner.layers),
         "vocab_size": vocab_size,
-        "tokenizer_sha256": None if tokenizer is None else _tokenizer_sha256(tokenizer),
+        "tokenizer_sha256": None if tokenizer is None else tokenizer_sha256(tokenizer),
         "embedding_probe": [round(v, 6) for v in probe.reshape(-1).tolist()],
     }
 
 
-def _tokenizer_sha256(tokenizer: Any) -> str:
+def tokenizer_sha256(tokenizer: Any) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     text = json.dumps({"vocab": vocab, "eos": eos}, ensure_ascii=False)

@@ -248,4 +248,7 @@ class AdaptiveK:
         # The first speculative step after plain ones also pays for the draft model
         # catching up on the plain stretch: a cost of falling back, not of speculating.
         if teaches and not after_plain:
-            self.pricing.learn(step.seconds, step.n_drafted, verified, step.draft_seconds)
+            # A free draft (a suffix match, in a hybrid with a draft model) ran no draft call.
+            drafted = 0 if step.free else step.n_drafted
+            draft_seconds = None if step.free else step.draft_seconds
+            self.pricing.learn(step.seconds, drafted, verified, draft_seconds)

@@ -1,0 +1,158 @@
+"""Suffix decoding (Oliaro et al., NeurIPS 2025): drafts from what earlier text went on with.
+
+No model. The longest suffix of the context that occurred before, in the prompt and what has
+been generated (this drafter's own index) or in earlier answers of the same target (the
+shared `SuffixStore`), is looked up; the tokens that followed each of its occurrences form a
+tree whose nodes are scored by how many occurrences went that way (the fraction of them: the
+product of each step's frequency). The best-scored nodes are proposed, at most `factor` times
+the match's length (a long match earns a long draft) and `k` deep, dropping a branch that
+fewer than `min_prob` of its parent's occurrences took; with the target's verify costs the
+proposal keeps as many as pay (`best_tree_size`, the scores as chances of acceptance). A
+tree that is one path goes as a chain. Verification is the loop's: lossless at any
+temperature.
+
+With a `fallback` drafter (the draft model, or heads) the step drafts from the suffix where
+its proposal expects at least `min_score` tokens kept, and from the fallback elsewhere
+(SuffixDecoding's hybrid): one drafter to the loop, the fallback's traits for the policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from specmlx.drafters.eagle import best_tree_size
+from specmlx.drafters.suffix_store import RECENT, SuffixIndex, SuffixStore
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.engine.step import Draft, Drafter, DrafterTraits, StopRule, Verdict
+from specmlx.engine.tree import Tree
+
+if TYPE_CHECKING:
+    from specmlx.engine.cache import Sequence
+
+
+class SuffixDrafter:
+    """Drafts the most frequent continuations of the longest earlier match of the context."""
+
+    # Prompt lookup's midpoint: a proposal comes only from text that occurred before.
+    PRIOR_ACCEPTANCE = 0.5
+
+    def __init__(
+        self,
+        store: SuffixStore | None,
+        *,
+        tree_size: int = 16,
+        factor: float = 1.0,
+        min_prob: float = 0.1,
+        verify_cost: Callable[[int], float] | None = None,
+        fallback: Drafter | None = None,
+        min_score: float = 2.0,
+    ):
+        self.store = store
+        self.tree_size, self.factor, self.min_prob = tree_size, factor, min_prob
+        self.verify_cost = verify_cost
+        self.fallback, self.min_score = fallback, min_score
+        self.local = SuffixIndex()
+        self._doc = self.local.open()
+        self._fallback_proposed = False
+        if fallback is None:
+            self.traits = DrafterTraits("suffix", prior_acceptance=self.PRIOR_ACCEPTANCE)
+        else:
+            # The policy prices the fallback's steps; a suffix step is one of them that
+            # drafted for free (`Draft.free`). Depth is the suffix's: the fallback is asked
+            # for no more than it can draft.
+            own = fallback.traits
+            self.traits = replace(own, kind=f"suffix+{own.kind}", max_depth=None)
+
+    def prefill(self, context: list[int], target: Sequence) -> None:
+        held = self.local.docs[self._doc]
+        if held.tolist() != context[: len(held)]:
+            self.local = SuffixIndex()  # another conversation: this request's index anew
+            self._doc = self.local.open()
+        self.local.extend(self._doc, context[len(self.local.docs[self._doc]) :])
+        if self.fallback is not None:
+            self.fallback.prefill(context, target)
+
+    def propose(
+        self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
+    ) -> Draft:
+        self.local.extend(self._doc, context[len(self.local.docs[self._doc]) :])
+        draft, expected = self.speculate(context, k)
+        self._fallback_proposed = False
+        if self.fallback is None or expected >= self.min_score:
+            return draft
+        self._fallback_proposed = True
+        depth = self.fallback.traits.max_depth
+        return self.fallback.propose(context, min(k, depth or k), sampling, stop)
+
+    def commit(self, verdict: Verdict) -> None:
+        """The indexes hold only the context; the fallback rewinds what it proposed."""
+        if self._fallback_proposed:
+            self.fallback.commit(verdict)
+
+    def speculate(self, context: list[int], k: int) -> tuple[Draft, float]:
+        """The suffix proposal for `context`, at most k deep, and the tokens it expects kept."""
+        empty = Draft(mx.array([], mx.uint32), free=True)
+        sources = [(self.local, self.local.match(context))]
+        if self.store is not None:
+            sources.append((self.store.index, self.store.index.match(context)))
+        found = [(index, m) for index, m in sources if m is not None]
+        if not found or k < 1:
+            return empty, 0.0
+        longest = max(m.length for _, m in found)
+        budget = min(self.tree_size - 1, math.ceil(self.factor * longest))
+        depth = min(k, budget)
+        paths = [
+            index.continuation(serial, offset, depth)
+            for index, m in found
+            if m.length == longest
+            for serial, offset in m.places
+        ][:RECENT]
+        tokens, parents, scores = self._best_nodes(paths, budget)
+        if self.verify_cost is not None:
+            n = best_tree_size(scores, self.verify_cost, 0.0)
+            tokens, parents, scores = tokens[:n], parents[:n], scores[:n]
+        if not tokens:
+            return empty, 0.0
+        chain = all(parent == i for i, parent in enumerate(parents))
+        tree = None if chain else Tree(tuple(parents))
+        return Draft(mx.array(tokens, mx.uint32), tree=tree, free=True), sum(scores)
+
+    def _best_nodes(
+        self, paths: list[list[int]], budget: int
+    ) -> tuple[list[int], list[int], list[float]]:
+        """The trie of `paths` (count: the paths through a node), its best `budget` nodes by
+        count, parents before children: tokens, parents (0 the root, i the i-th node kept)
+        and scores (a node's share of the paths)."""
+        children: dict[tuple[int, int], int] = {}
+        token_of, parent_of, count = [0], [0], [len(paths)]
+        for path in paths:
+            node = 0
+            for token in path:
+                child = children.get((node, token))
+                if child is None:
+                    child = children[(node, token)] = len(token_of)
+                    token_of.append(token)
+                    parent_of.append(node)
+                    count.append(0)
+                count[child] += 1
+                node = child
+        # A child never outcounts its parent, and was made after it: parents come first.
+        order = sorted(range(1, len(token_of)), key=lambda i: (-count[i], i))
+        kept: dict[int, int] = {0: 0}  # trie node -> its place in the proposal (root 0)
+        tokens, parents, scores = [], [], []
+        for node in order:
+            if len(tokens) == budget:
+                break
+            parent = parent_of[node]
+            if parent not in kept or count[node] < self.min_prob * count[parent]:
+                continue
+            tokens.append(token_of[node])
+            parents.append(kept[parent])
+            scores.append(count[node] / count[0])
+            kept[node] = len(tokens)
+        return tokens, parents, scores

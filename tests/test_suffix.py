@@ -1,0 +1,225 @@
+"""Suffix decoding: its index against brute force, its memory's budget and file, its trees,
+and its drafts lossless alone and with a draft model, greedy and sampled."""
+
+from __future__ import annotations
+
+import random
+
+import mlx_lm
+import pytest
+
+from specmlx.api.config import GenerationConfig
+from specmlx.api.methods import METHODS, SuffixOptions
+from specmlx.api.models import Models
+from specmlx.api.session import Session
+from specmlx.drafters.draft_model import DraftModelDrafter
+from specmlx.drafters.suffix import SuffixDrafter
+from specmlx.drafters.suffix_store import (
+    MAX_MATCH,
+    PROMPT_TAIL,
+    RECENT,
+    SuffixIndex,
+    SuffixStore,
+    load_store,
+)
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.errors import UsageError
+from tests.test_decode import PROMPTS
+from tests.test_distribution import chi2_pvalue, exact_joint, sample_pairs
+from tests.test_draft_free import REPEATING, run
+
+
+def brute_match(docs, context):
+    """The longest suffix of `context` followed by a token in some document, and every
+    (serial, offset) where it continues, by scanning."""
+    best, places = 0, []
+    for serial, doc in docs.items():
+        for offset in range(1, len(doc)):
+            length = 0
+            while (
+                length < min(MAX_MATCH, offset, len(context))
+                and doc[offset - length - 1] == context[-length - 1]
+            ):
+                length += 1
+            if length > best:
+                best, places = length, [(serial, offset)]
+            elif length == best and length:
+                places.append((serial, offset))
+    return best, places
+
+
+def test_the_index_finds_the_longest_match_as_brute_force_does():
+    rng = random.Random(0)
+    for _ in range(200):
+        vocab = rng.choice([2, 3, 5, 30])
+        index, docs = SuffixIndex(), {}
+        for _ in range(rng.randrange(1, 4)):
+            serial = index.open()
+            docs[serial] = [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))]
+            index.extend(serial, docs[serial][:5])
+            index.extend(serial, docs[serial][5:])  # in pieces, as a request grows
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
+        found = index.match(context)
+        length, places = brute_match(docs, context)
+        if length == 0:
+            assert found is None
+            continue
+        assert found.length == length
+        if len(places) <= RECENT:  # past RECENT occurrences a lookup reads the newest only
+            assert sorted(found.places) == sorted(places)
+
+
+def test_dropping_a_document_leaves_the_index_of_the_others():
+    rng = random.Random(1)
+    docs = [[rng.randrange(4) for _ in range(30)] for _ in range(4)]
+    index = SuffixIndex()
+    for doc in docs:
+        index.extend(index.open(), doc)
+    index.drop(0)
+    index.drop(2)
+    fresh = SuffixIndex()
+    for serial in (1, 3):
+        fresh._next_serial = serial
+        fresh.extend(fresh.open(), docs[serial])
+    assert index._where == fresh._where
+    assert index.n_tokens == 60
+
+
+def test_the_memory_keeps_within_its_budget_dropping_the_oldest():
+    store = SuffixStore(budget=200, tokenizer_id="t")
+    answers = [[i] * 30 for i in range(1, 20)]
+    for answer in answers:
+        store.record([7] * 40, answer)
+        assert store.index.n_tokens <= 200
+    kept = store.documents()
+    assert kept[-1] == [7] * PROMPT_TAIL + answers[-1]  # the newest, after its prompt's tail
+    assert [doc[-1] for doc in kept] == [a[0] for a in answers[-len(kept) :]]  # oldest went
+    store.record([], list(range(1000)))  # longer than the whole budget: its end is kept
+    assert store.documents() == [list(range(800, 1000))]
+
+
+def tiny_store(tmp_path=None):
+    store = SuffixStore(10_000, "tok", None if tmp_path is None else tmp_path / "m.suffix")
+    rng = random.Random(2)
+    for _ in range(12):
+        store.record([1, 2, 3], [rng.randrange(6) for _ in range(rng.randrange(5, 30))])
+    return store
+
+
+def test_a_saved_memory_reloads_to_the_same_proposals(tmp_path):
+    store = tiny_store(tmp_path)
+    store.save()
+    again = load_store(tmp_path / "m.suffix", 10_000, "tok")
+    assert again.documents() == store.documents()
+    rng = random.Random(3)
+    for _ in range(50):
+        context = [rng.randrange(6) for _ in range(rng.randrange(1, 10))]
+        a = SuffixDrafter(store, tree_size=12).speculate(context, 8)
+        b = SuffixDrafter(again, tree_size=12).speculate(context, 8)
+        assert a[0].tokens.tolist() == b[0].tokens.tolist() and a[0].tree == b[0].tree
+
+
+def test_a_memory_of_another_tokenizer_or_no_memory_is_refused(tmp_path):
+    tiny_store(tmp_path).save()
+    with pytest.raises(UsageError, match="another tokenizer"):
+        load_store(tmp_path / "m.suffix", 10_000, "other")
+    (tmp_path / "junk.suffix").write_bytes(b"not a store\n\x00\x01")
+    with pytest.raises(UsageError, match="not a specmlx suffix memory"):
+        load_store(tmp_path / "junk.suffix", 10_000, "tok")
+    with pytest.raises(UsageError, match="does not exist"):
+        load_store(tmp_path / "nowhere" / "m.suffix", 10_000, "tok")
+
+
+def test_the_proposal_follows_the_frequencies_of_the_continuations():
+    store = SuffixStore(10_000, "t")
+    for answer in ([5, 6, 1, 2, 3], [5, 6, 1, 2, 4], [5, 6, 1, 7, 7], [5, 6, 9, 9, 9]):
+        store.record([], answer)
+    drafter = SuffixDrafter(store, tree_size=32, factor=4.0, min_prob=0.3)
+    draft, expected = drafter.speculate([0, 5, 6], 3)
+    # After [5, 6]: 1 three times in four, then 2 in two of those three; 9 (a quarter of
+    # the paths, under min_prob 0.3 of the root's) and 7 (one in three, kept) beside them.
+    tokens, parents = draft.tokens.tolist(), draft.tree.parents
+    assert tokens[:3] == [1, 2, 7] and parents[:3] == (0, 1, 1)
+    assert 9 not in tokens
+    assert expected == pytest.approx(0.75 + 0.5 + 4 * 0.25)  # 1, 2; 7, 3, 4 and 7 after 7
+    # The draft holds at most factor x match length tokens: a 2-token match and factor 1.
+    short, _ = SuffixDrafter(store, tree_size=32, factor=1.0).speculate([0, 5, 6], 8)
+    assert short.size == 2 and short.tree is None  # one path: a chain
+
+
+def test_without_a_match_nothing_is_proposed():
+    draft, expected = SuffixDrafter(SuffixStore(100, "t")).speculate([1, 2, 3], 4)
+    assert draft.size == 0 and expected == 0.0
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_dirs):
+    target, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    draft, _ = mlx_lm.load(str(tiny_dirs["llama-draft"]))
+    return target, draft, tokenizer
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["suffix", "suffix+draft"])
+def test_greedy_equals_plain_across_requests(pair, hybrid):
+    """Every answer goes to the shared memory; later requests draft from it, and the output
+    stays the target's own, token for token."""
+    target, draft, tokenizer = pair
+    store = SuffixStore(100_000, "t")
+    accepted = 0
+    for prompt in [REPEATING, *PROMPTS, *PROMPTS]:
+        ids = tokenizer.encode(prompt)
+        plain, _ = run(target, ids, None, k=0)
+        for k in (2, 5):
+            fallback = DraftModelDrafter(draft, target.args.vocab_size) if hybrid else None
+            drafter = SuffixDrafter(store, fallback=fallback)
+            spec, steps = run(target, ids, drafter, k=k)
+            assert spec == plain, (prompt, k)
+            accepted += sum(s.n_accepted for s in steps if s.free)
+        store.record(ids, plain)
+    assert accepted > 0  # suffix drafts were kept, not only the draft model's
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["suffix", "suffix+draft"])
+def test_sampling_keeps_the_target_distribution(tiny_dirs, hybrid):
+    from tests.test_distribution import Sharpened
+
+    target, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    target = Sharpened(target, 3.0)
+    ids = tokenizer.encode("The quick brown fox")
+    sampling = SamplingConfig(temperature=1.0, top_p=0.95)
+    joint = exact_joint(target, ids, sampling)
+    # Earlier answers to this prompt: the likeliest first tokens and what followed them,
+    # so the memory proposes trees (several first tokens) and chains.
+    store = SuffixStore(10_000, "t")
+    first = joint.sum(axis=1).argsort()[::-1][:3]
+    for a in first:
+        for b in joint[a].argsort()[::-1][:2]:
+            store.record(ids, [int(a), int(b)])
+    fallback = None
+    if hybrid:
+        draft, _ = mlx_lm.load(str(tiny_dirs["llama-draft"]))
+        fallback = DraftModelDrafter(draft, target.args.vocab_size)
+    # min_score 1.5: a tree over the first token goes to the suffix, else the draft model.
+    drafter = SuffixDrafter(store, factor=8.0, fallback=fallback, min_score=1.5)
+    pairs, n_accepted = sample_pairs(target, drafter, ids, sampling, k=2, max_tokens=3)
+    assert n_accepted > 0
+    assert chi2_pvalue(pairs, joint) > 0.01
+
+
+def test_sessions_on_one_model_share_the_memory(tiny_dirs, tmp_path):
+    target, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    models = Models(target, tokenizer)
+    cache = str(tmp_path / "memory.suffix")
+    config = GenerationConfig(
+        method="suffix", options=SuffixOptions(tree_size=8, cache=cache), k=4, max_tokens=24
+    )
+    ids = tokenizer.encode(PROMPTS[0])
+    first = list(Session(models, config).steps(ids))
+    second = list(Session(models, config).steps(ids))  # another session, the same models
+    assert [s.tokens for s in first] != [s.tokens for s in second]  # fewer, longer steps
+    assert sum(s.n_accepted for s in second) > sum(s.n_accepted for s in first)
+    # The file holds both answers; a fresh load of the models starts from it.
+    again = Models(target, tokenizer)
+    METHODS["suffix"].build(again, config.options)
+    assert again.suffix_store.documents() == models.suffix_store.documents()
+    assert len(again.suffix_store.documents()) == 2
