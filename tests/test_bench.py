@@ -304,3 +304,44 @@ def test_plain_mlx_lm_row_runs_and_matches_at_greedy(tiny_models) -> None:
     matched = {s.row: s.matched for s in report.summary}
     assert matched[MLX_LM_PLAIN] is True and matched[NONE] is True
     assert all(r.matched for r in report.results if r.row == MLX_LM_PLAIN)
+
+
+def test_an_ordered_suite_is_reported_by_halves_each_row_with_its_own_memory(tiny_models):
+    """Suffix rows draft from their own earlier answers only: at T=0 every row writes the
+    same text, and a row that read another's would draft the answer whole."""
+    rows = make_rows(["suffix", "suffix+draft"], [4], mlx_lm=False)
+    prompts = tuple(Prompt(f"p{i}", f"def f{i}(x):") for i in range(4))
+    suite = Suite("scripting", prompts, ordered=True)
+    config = BenchConfig(suites=(suite,), rows=rows, max_tokens=12, warmup=1, repeats=2)
+    measurements = list(run(tiny_models, config))
+    report = build_report(config, measurements, fake_environment(), None)
+    validate(report)
+    assert {s.suite for s in report.summary} == {
+        "scripting",
+        "scripting 1st half",
+        "scripting 2nd half",
+    }
+    first = [m for m in measurements if m.repeat >= 0 and m.prompt_id == "p0"]
+    for m in first:  # nothing to remember yet: the first prompt drafts from its prompt alone
+        assert m.stats.accepted < m.stats.tokens - 1
+    assert tiny_models.suffix_store is not None
+    assert len(tiny_models.suffix_store.documents()) == len(prompts)  # one row, one repeat
+
+
+def test_a_suffix_cache_in_the_bench_is_refused(tmp_path):
+    from specmlx.api.methods import SuffixOptions
+
+    with pytest.raises(UsageError, match="suffix memory apart"):
+        BenchConfig(
+            suites=(Suite("one", (Prompt("p", "x"),)),),
+            rows=make_rows(["suffix"], [4], mlx_lm=False),
+            options=(SuffixOptions(cache=str(tmp_path / "m")),),
+        )
+
+
+def test_the_scripting_suite_ships_in_order():
+    suite = load_suite("scripting")
+    assert suite.ordered and len(suite.prompts) >= 20
+    assert "scripting" not in suite_names(["all"])
+    first, second = suite.halves()
+    assert len(first) == len(second) and not first & second

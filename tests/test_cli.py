@@ -311,10 +311,13 @@ def test_bench_overhead_calls_the_overhead_module(monkeypatch):
     fake = types.ModuleType("specmlx.bench.overhead")
     fake.measure_overhead = lambda: calls.append("measured") or ["row"]
     fake.render = lambda rows: f"overhead table of {rows}"
+    fake.measure_suffix_history = lambda: calls.append("history") or ["point"]
+    fake.render_history = lambda points: f"history table of {points}"
     monkeypatch.setitem(sys.modules, "specmlx.bench.overhead", fake)
     result = invoke("bench", "--overhead")
     assert result.exit_code == 0, result.output
-    assert calls == ["measured"] and "overhead table of ['row']" in result.output
+    assert calls == ["measured", "history"] and "overhead table of ['row']" in result.output
+    assert "history table of ['point']" in result.output
 
 
 def test_stats_line_shows_ttft_and_acceptance_by_position():

@@ -68,3 +68,29 @@ def test_render_is_a_table_of_the_rows(rows) -> None:
     assert table.row_count == len(rows)
     assert [c.header for c in table.columns][:2] == ["method", "k"]
     assert render(()).row_count == 0
+
+
+def test_the_suffix_drafter_reads_a_bounded_number_of_occurrences():
+    """However often a pattern occurred, a lookup reads at most RECENT of its occurrences,
+    and the drafter's proposal at most RECENT continuations: its work does not grow with
+    the memory."""
+    from specmlx.drafters.suffix import SuffixDrafter
+    from specmlx.drafters.suffix_store import RECENT, SuffixStore
+
+    store = SuffixStore(1_000_000, "t")
+    for i in range(500):
+        store.record([], [1, 2, 3, 4, 5 + i % 7])
+    found = store.index.match([9, 1, 2, 3, 4])
+    assert found.length == 4 and len(found.places) == RECENT
+    draft, expected = SuffixDrafter(store, tree_size=8, factor=4.0).speculate([1, 2, 3, 4], 4)
+    assert draft.size >= 1 and 0 < expected <= draft.size
+
+
+def test_suffix_history_reports_each_shown_answer():
+    from specmlx.bench.overhead import measure_suffix_history
+
+    points = measure_suffix_history(answers=6, tokens_per_answer=200, shown=(1, 6))
+    assert [p.answer for p in points] == [1, 6]
+    assert points[0].memory_tokens == 0 and points[1].memory_tokens > 5 * 200
+    # Answers from one template: the later ones draft from the earlier ones.
+    assert points[1].tokens_per_step > points[0].tokens_per_step

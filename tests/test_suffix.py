@@ -223,3 +223,36 @@ def test_sessions_on_one_model_share_the_memory(tiny_dirs, tmp_path):
     METHODS["suffix"].build(again, config.options)
     assert again.suffix_store.documents() == models.suffix_store.documents()
     assert len(again.suffix_store.documents()) == 2
+
+
+def test_the_cli_drafts_with_suffix_and_its_fallback(tiny_dirs, tmp_path):
+    import json
+
+    from tests.test_cli import invoke, one_line_error
+
+    target, draft = str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"])
+    common = ["generate", "hello", "--target", target, "--json", "--max-tokens", "12"]
+    plain = json.loads(invoke(*common, "--method", "none").stdout)
+    cache = str(tmp_path / "memory.suffix")
+    for extra, used in [
+        (["--method", "suffix", "--suffix-cache", cache], "suffix"),
+        (["--method", "suffix", "--draft", draft, "-k", "3"], "suffix+draft"),
+        (["--suffix-min-prob", "0.2"], "suffix"),  # an option of suffix names its method
+    ]:
+        result = invoke(*common, *extra)
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.stdout)
+        assert out["method"] == used and out["token_ids"] == plain["token_ids"]
+    # The memory file was written, and is refused for a target of another tokenizer.
+    other = tiny_other(tmp_path)
+    result = invoke(
+        "generate", "hi", "--target", str(other), "--method", "suffix", "--suffix-cache", cache
+    )
+    assert "another tokenizer" in one_line_error(result, 2)
+
+
+def tiny_other(tmp_path):
+    """A tiny model whose tokenizer has other ids: its vocabulary trained on other text."""
+    from tests.tiny import make_model_dir
+
+    return make_model_dir(tmp_path / "other", "llama", seed=1, tokenizer_size=300)

@@ -6,6 +6,7 @@ drafters from it, the session generates with it), so none of them import each ot
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,7 @@ class Models:
         self.suffix_store = store
         return store
 
-    @property
+    @functools.cached_property
     def tokenizer_id(self) -> str:
         """What names the tokenizer: a hash of its vocabulary and end tokens."""
         if self.tokenizer is None:

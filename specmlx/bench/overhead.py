@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -26,11 +27,12 @@ from rich.table import Table
 
 from specmlx.api.calibration import CALIBRATION_KS
 from specmlx.api.config import GenerationConfig
-from specmlx.api.methods import METHODS, EagleOptions, MedusaOptions
+from specmlx.api.methods import METHODS, EagleOptions, MedusaOptions, SuffixOptions
 from specmlx.api.models import Models
 from specmlx.api.session import Session
 from specmlx.bench.syncs import counting_syncs
 from specmlx.engine.costs import CostProfile, measure_costs
+from specmlx.engine.step import Step
 from specmlx.testing import tiny_models
 
 
@@ -80,18 +82,25 @@ def measure_overhead(
             # k 0 (the target alone) needs none: without a drafter the policy plans k = 0.
             # Fixed trees for heads: sizing them from costs would need a calibration of the
             # tiny target, and would measure the sizing rule rather than the drafter.
-            options = {"eagle": EagleOptions(tree_size=32), "medusa": MedusaOptions(tree_size=32)}
-            options = options.get(method)
+            options = {
+                "eagle": EagleOptions(tree_size=32),
+                "medusa": MedusaOptions(tree_size=32),
+                **{name: SuffixOptions(tree_size=16) for name in METHODS if "suffix" in name},
+            }.get(method)
             config = GenerationConfig(
                 method=method, options=options, k=k or None, max_tokens=max_tokens
             )
             for _ in range(warmup):
-                _run(models, config, prompt, profile)
+                models.suffix_store = None  # suffix rows: no answer from another run
+                list(_run(models, config, prompt, profile))
+            models.suffix_store = None
             rows.append(_measure(models, config, prompt, profile, method, k))
     return tuple(rows)
 
 
-def _run(models: Models, config: GenerationConfig, prompt: list[int], profile: CostProfile):
+def _run(
+    models: Models, config: GenerationConfig, prompt: list[int], profile: CostProfile
+) -> Iterator[Step]:
     """One generation's steps, lazily (the caller times and counts them), from fresh caches."""
     return Session(models, config, profile).steps(prompt)
 
@@ -149,5 +158,96 @@ def render(rows: Seq[OverheadRow]) -> Table:
             f"{row.ms_per_step:.2f}",
             f"{row.syncs_per_step:.2f}",
             str(row.max_syncs_per_step),
+        )
+    return table
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """The suffix drafter's host time per step (propose and commit, no model) over one
+    answer of a long run, with what its memory held then."""
+
+    answer: int  # 1-based
+    memory_tokens: int
+    ms_per_step: float
+    tokens_per_step: float
+
+    @property
+    def us_per_token(self) -> float:
+        return 1000 * self.ms_per_step / self.tokens_per_step
+
+
+def measure_suffix_history(
+    answers: int = 40,
+    tokens_per_answer: int = 1000,
+    shown: Seq[int] = (1, 2, 5, 10, 20, 40),
+    seed: int = 0,
+) -> tuple[HistoryPoint, ...]:
+    """A long scripting run without a model: answers of a fixed template with random fields
+    (what a script's loop makes a model write), each drafted step by step as the loop would
+    (the tokens kept are those the text agrees with, then one more) and kept in the memory
+    when done. The work of a step must not grow with what the memory holds: `shown` answers
+    (the first `tokens_per_answer` tokens of the run, ..., the last) are reported."""
+    import random
+
+    from specmlx.drafters.suffix import SuffixDrafter
+    from specmlx.drafters.suffix_store import SuffixStore
+    from specmlx.engine.sampling import SamplingConfig
+    from specmlx.engine.step import Verdict
+
+    rng = random.Random(seed)
+    template = [rng.randrange(3, 400) for _ in range(40)]
+    slots = set(rng.sample(range(40), 8))
+
+    def answer() -> list[int]:
+        out: list[int] = []
+        while len(out) < tokens_per_answer:
+            out += [rng.randrange(400, 512) if i in slots else t for i, t in enumerate(template)]
+        return out[:tokens_per_answer]
+
+    store = SuffixStore(answers * (tokens_per_answer + 32), "synthetic")
+    greedy, points = SamplingConfig(), []
+    for number in range(1, answers + 1):
+        prompt, text = [rng.randrange(3, 512) for _ in range(32)], answer()
+        drafter = SuffixDrafter(store, tree_size=16)
+        context = list(prompt)
+        drafter.prefill(context, None)
+        held, seconds, steps = store.index.n_tokens, 0.0, 0
+        while len(context) - len(prompt) < len(text):
+            produced = len(context) - len(prompt)
+            start = time.perf_counter()
+            draft = drafter.propose(context, min(8, len(text) - produced - 1), greedy)
+            tokens = draft.tokens.tolist()
+            parents = draft.tree.parents if draft.tree is not None else range(len(tokens))
+            path, node = [], 0  # the drafts the text agrees with, as the greedy walk keeps
+            for child, parent in enumerate(parents, start=1):
+                if parent == node and tokens[child - 1] == text[produced + len(path)]:
+                    path.append(tokens[child - 1])
+                    node = child
+            drafter.commit(Verdict(path))
+            seconds += time.perf_counter() - start
+            steps += 1
+            context += text[produced : produced + len(path) + 1]
+        store.record(prompt, text)
+        if number in shown:
+            points.append(HistoryPoint(number, held, 1000 * seconds / steps, len(text) / steps))
+    return tuple(points)
+
+
+def render_history(points: Seq[HistoryPoint]) -> Table:
+    table = Table(
+        title="the suffix drafter's host time per step as its memory grows",
+        caption="A scripting run without a model: answers of 1,000 tokens (a template with "
+        "random fields), each kept in the memory; host time of propose and commit per step.",
+    )
+    for title in ("answer", "memory (tokens)", "ms/step", "tok/step", "µs/token"):
+        table.add_column(title, justify="right")
+    for p in points:
+        table.add_row(
+            str(p.answer),
+            str(p.memory_tokens),
+            f"{p.ms_per_step:.3f}",
+            f"{p.tokens_per_step:.2f}",
+            f"{p.us_per_token:.1f}",
         )
     return table

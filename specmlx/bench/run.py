@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
@@ -35,6 +36,9 @@ from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.engine.step import Step
 from specmlx.errors import UsageError
+
+if TYPE_CHECKING:
+    from specmlx.drafters.suffix_store import SuffixStore
 
 MLX_LM = "mlx-lm"
 
@@ -130,6 +134,11 @@ class BenchConfig:
             raise UsageError("the first row must be the target alone (none)")
         if len(set(self.rows)) != len(self.rows):
             raise UsageError("each row may be benched once")
+        if any(getattr(o, "cache", None) for o in self.options):
+            raise UsageError(
+                "the bench keeps each row's suffix memory apart: --suffix-cache is for "
+                "generate, chat, batch and serve"
+            )
 
     def sampling(self, temperature: float) -> SamplingConfig:
         return SamplingConfig(temperature, self.top_p, self.top_k)
@@ -182,14 +191,20 @@ class Measurement:
 
 
 def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
-    """Warm up every row, then measure every row on every prompt, repeat and temperature."""
+    """Warm up every row, then measure every row on every prompt, repeat and temperature.
+
+    A method that remembers answers (suffix decoding) keeps one memory per row, temperature,
+    suite and repeat, filled in prompt order: a row never drafts from another row's answers
+    (the same text at T=0), nor a repeat from an earlier repeat's."""
     first = config.suites[0].prompts[0]
     first_ids = encode_prompt(models, first.text, config.chat_template)
+    memories: dict[tuple[Any, ...], SuffixStore | None] = {}
     for i in range(config.warmup):
         for row in config.rows:
             mx.random.seed(config.seed + i)
             sampling = row.sampling or config.sampling(config.temperatures[0])
             options = config.options_of(row)
+            models.suffix_store = None  # a warm-up's own memory, dropped after it
             result = run_row(models, row, first_ids, min(8, config.max_tokens), sampling, options)
             yield replace(result, temperature=config.temperatures[0], prompt_id=first.id)
     for temperature in config.temperatures:
@@ -202,9 +217,12 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
                         mx.random.seed(seed)  # every row draws from the same stream
                         sampling = row.sampling or config.sampling(temperature)
                         options = config.options_of(row)
+                        memory = (row, temperature, suite.name, repeat)
+                        models.suffix_store = memories.get(memory)
                         result = run_row(
                             models, row, prompt_ids, config.max_tokens, sampling, options
                         )
+                        memories[memory] = models.suffix_store
                         yield replace(
                             result,
                             temperature=temperature,

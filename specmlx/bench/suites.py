@@ -1,10 +1,13 @@
 """Prompt suites for `specmlx bench`: the ones shipped with the package, or the user's own.
 
 A suite is a JSONL file, one object per line with a "prompt" and an optional "id". The four
-shipped suites probe different regimes: `code` (write or complete functions), `extract`
-(summarize, quote or edit a text that is in the prompt, where copying makes drafts easy),
-`chat` (open questions) and `creative` (high-entropy stories). A user's file may also be plain
-text, one prompt per line.
+shipped suites of `all` probe different regimes: `code` (write or complete functions),
+`extract` (summarize, quote or edit a text that is in the prompt, where copying makes drafts
+easy), `chat` (open questions) and `creative` (high-entropy stories). `scripting` is what a
+script sends a local model again and again (records to extract as JSON with one schema,
+functions to give type hints and a docstring, tool calls in one format, taken in turn): it is
+*ordered*, run in order with what earlier answers taught a drafter kept, and reported by
+halves. A user's file may also be plain text, one prompt per line.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pathlib import Path
 
 from specmlx.errors import UsageError
 
-SUITES = ("code", "extract", "chat", "creative")
+SUITES = ("code", "extract", "chat", "creative")  # `all`
+ORDERED = ("scripting",)  # shipped too, not in `all`: each answer teaches the next
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,15 @@ class Prompt:
 class Suite:
     name: str
     prompts: tuple[Prompt, ...]
+    ordered: bool = False  # later prompts gain from earlier answers: reported by halves
+
+    def halves(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """An ordered suite's prompt ids, first half and second half; None otherwise."""
+        if not self.ordered or len(self.prompts) < 2:
+            return None
+        half = len(self.prompts) // 2
+        ids = [p.id for p in self.prompts]
+        return frozenset(ids[:half]), frozenset(ids[half:])
 
 
 def suite_names(requested: list[str]) -> list[str]:
@@ -36,8 +49,9 @@ def suite_names(requested: list[str]) -> list[str]:
     names: list[str] = []
     for name in requested or ["all"]:
         for one in SUITES if name == "all" else [name]:
-            if one not in SUITES:
-                raise UsageError(f"unknown suite {one!r}; choose from {', '.join(SUITES)}, all")
+            if one not in (*SUITES, *ORDERED):
+                known = ", ".join((*SUITES, *ORDERED))
+                raise UsageError(f"unknown suite {one!r}; choose from {known}, all")
             if one not in names:
                 names.append(one)
     return names
@@ -48,7 +62,7 @@ def load_suite(name: str, limit: int | None = None) -> Suite:
     suite_names([name])
     _check_limit(limit)
     text = resources.files("specmlx").joinpath(f"data/suites/{name}.jsonl").read_text("utf-8")
-    return Suite(name, _parse(text, name, jsonl=True)[:limit])
+    return Suite(name, _parse(text, name, jsonl=True)[:limit], ordered=name in ORDERED)
 
 
 def load_prompts_file(path: Path, limit: int | None = None) -> Suite:

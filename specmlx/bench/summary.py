@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,26 +121,43 @@ def build_report(
     kept = [m for m in measurements if m.repeat >= 0]
     typical = typical_steps(kept)
     results = per_prompt(kept, typical)
-    suites = [s.name for s in config.suites] + (["all"] if len(config.suites) > 1 else [])
+    groups = suite_groups(config)
     summary = []
     for temperature in config.temperatures:
         plain_step = typical.get((temperature, NONE, 0))  # what proposal costs are priced in
-        for suite in suites:
+        for suite, holds in groups.items():
             prompts = {
                 (r.suite, r.prompt_id, r.row): r
                 for r in results
-                if r.temperature == temperature and suite in ("all", r.suite)
+                if r.temperature == temperature and holds(r.suite, r.prompt_id)
             }
             for row in config.rows:
                 runs = [
                     m
                     for m in kept
-                    if m.temperature == temperature and m.row == row and suite in ("all", m.suite)
+                    if m.temperature == temperature and m.row == row and holds(m.suite, m.prompt_id)
                 ]
                 summary.append(
                     summarize_row(row, runs, prompts, costs, temperature, suite, plain_step)
                 )
     return Report(config, environment, costs, tuple(results), tuple(summary))
+
+
+def suite_groups(config: BenchConfig) -> dict[str, Callable[[str, str], bool]]:
+    """The groups a summary line is over, by name: each suite; an ordered suite's first and
+    second half too (`Suite.halves`: what history bought); all suites, when several ran.
+    Each says whether a (suite, prompt id) belongs to it."""
+    groups: dict[str, Callable[[str, str], bool]] = {}
+    for one in config.suites:
+        groups[one.name] = lambda suite, _, name=one.name: suite == name
+        halves = one.halves()
+        for label, ids in zip(("1st half", "2nd half"), halves or (), strict=False):
+            groups[f"{one.name} {label}"] = lambda suite, prompt, name=one.name, ids=ids: (
+                suite == name and prompt in ids
+            )
+    if len(config.suites) > 1:
+        groups["all"] = lambda suite, prompt: True
+    return groups
 
 
 def typical_steps(kept: list[Measurement]) -> dict[tuple[float, RowSpec, int], float]:

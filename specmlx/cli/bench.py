@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 def bench(
     suite: Annotated[
         list[str] | None,
-        typer.Option(help="Prompt suite: code, extract, chat, creative or all (repeatable)."),
+        typer.Option(
+            help="Prompt suite: code, extract, chat, creative or all (those four), or "
+            "scripting (run in order, reported by halves); repeatable."
+        ),
     ] = None,
     prompts: Annotated[
         Path | None,
@@ -31,7 +34,7 @@ def bench(
         list[str] | None,
         typer.Option(
             help="Method to compare with the target alone (none, always the first row); "
-            f"repeatable; default: those that use a draft model. {methods_help()}."
+            f"repeatable; default: draft. {methods_help()}."
         ),
     ] = None,
     k: Annotated[
@@ -83,9 +86,15 @@ def bench(
     from rich.console import Console
 
     if overhead:
-        from specmlx.bench.overhead import measure_overhead, render
+        from specmlx.bench.overhead import (
+            measure_overhead,
+            measure_suffix_history,
+            render,
+            render_history,
+        )
 
         Console().print(render(measure_overhead()))
+        Console().print(render_history(measure_suffix_history()))
         return
 
     from specmlx.bench import report as bench_report
@@ -179,7 +188,7 @@ def plan(
     chosen = [load_prompts_file(prompts, limit)] if prompts is not None else []
     if suites or prompts is None:
         chosen += [load_suite(name, limit) for name in suite_names(suites or ["all"])]
-    methods = methods or [m.name for m in METHODS.values() if m.needs_draft_model]
+    methods = methods or ["draft"]
     rows = make_rows(methods, parse_ks(ks or ["4"]), mlx_lm, mlx_lm_ks)
     if plot is not None:
         bench_report.require_matplotlib()
