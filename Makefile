@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-stock-blas bench-gpu bench-heads bench-heads-qwen heads-vocab heads heads-smollm2 heads-smollm2-eagle1 heads-qwen openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-scripting bench-stock-blas bench-gpu bench-heads bench-heads-qwen heads-vocab heads heads-smollm2 heads-smollm2-eagle1 heads-qwen openblas clean
 
 install: .venv/.installed
 
@@ -75,6 +75,23 @@ bench-draft-free: models openblas
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --method ngram \
 		--method lookahead -k 4 -k auto --suite extract --suite code --limit 2 --temp 0 \
 		--max-tokens 48 $(call BENCH_OUT,draft-free-qwen)
+
+# Suffix decoding on the scripting suite (run in order, each row with its own memory, reported
+# by halves) beside prompt lookup, the draft model and both, and on chat and creative, where
+# answers share little: SmolLM2-135M, then the Qwen pair.
+SCRIPTING = --method ngram --method suffix -k auto --no-mlx-lm --warmup 1
+bench-scripting: models openblas
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --suite scripting $(SCRIPTING) \
+		--max-tokens 96 --repeats 2 $(call BENCH_OUT,scripting-smollm2)
+	$(PRELOAD) $(SPECMLX) bench --target smollm2-135m --suite chat --suite creative --limit 2 \
+		$(SCRIPTING) --max-tokens 64 --repeats 2 $(call BENCH_OUT,scripting-smollm2-chat)
+	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
+		--suite scripting $(SCRIPTING) --method draft --method suffix+draft --max-tokens 64 \
+		$(call BENCH_OUT,scripting-qwen)
+	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
+		--suite chat --suite creative --limit 2 $(SCRIPTING) --method draft --method suffix+draft \
+		--max-tokens 64 $(call BENCH_OUT,scripting-qwen-chat)
 
 # Adaptive k where verification is expensive: the stock BLAS, no preload. No warm-up run:
 # calls here take seconds, and mlx-lm loads every weight into memory up front.

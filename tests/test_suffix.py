@@ -256,3 +256,15 @@ def tiny_other(tmp_path):
     from tests.tiny import make_model_dir
 
     return make_model_dir(tmp_path / "other", "llama", seed=1, tokenizer_size=300)
+
+
+def test_a_reply_stopped_early_is_remembered_as_far_as_it_went(tiny_dirs):
+    target, tokenizer = mlx_lm.load(str(tiny_dirs["llama"]))
+    models = Models(target, tokenizer)
+    config = GenerationConfig(method="suffix", options=SuffixOptions(tree_size=8), k=2)
+    ids = tokenizer.encode(PROMPTS[1])
+    events = Session(models, config).stream(ids)
+    seen = [t for _, event in zip(range(3), events, strict=False) for t in event.token_ids]
+    events.close()  # as Ctrl-C in a chat does
+    (kept,) = models.suffix_store.documents()
+    assert kept == [*ids[-PROMPT_TAIL:], *seen]

@@ -105,7 +105,7 @@ class SuffixOptions:
     `min_score` tokens kept, else from the fallback."""
 
     tree_size: int | None = None
-    factor: float = 1.0
+    factor: float = 2.0
     min_prob: float = 0.1
     memory: int = 100_000
     cache: str | None = None

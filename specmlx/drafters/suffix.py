@@ -46,7 +46,7 @@ class SuffixDrafter:
         store: SuffixStore | None,
         *,
         tree_size: int = 16,
-        factor: float = 1.0,
+        factor: float = 2.0,
         min_prob: float = 0.1,
         verify_cost: Callable[[int], float] | None = None,
         fallback: Drafter | None = None,
