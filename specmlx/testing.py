@@ -1,6 +1,7 @@
 """Tiny random-weight models built in-process, for the tests and for `specmlx bench
 --overhead`: a llama small enough that its calls cost next to nothing, a second one as its
-draft model, and random Medusa and EAGLE heads for it. No tokenizer, no files.
+draft model, and random Medusa and EAGLE heads for it; a Qwen3-Next-shaped hybrid (Gated
+DeltaNet and attention layers). No tokenizer, no files.
 """
 
 from __future__ import annotations
@@ -28,6 +29,43 @@ def tiny_llama(vocab_size: int = 512, seed: int = 0) -> nn.Module:
     )
     mx.random.seed(seed)
     model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny_hybrid(vocab_size: int = 512, seed: int = 0) -> nn.Module:
+    """A random-weight Qwen3-Next: Gated DeltaNet layers (recurrent state, a convolution
+    window) between full-attention ones, tiny MoE MLPs."""
+    from mlx_lm.models import qwen3_next
+
+    args = qwen3_next.ModelArgs(
+        model_type="qwen3_next",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        shared_expert_intermediate_size=64,
+        mlp_only_layers=[],
+        moe_intermediate_size=32,
+        rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.25,
+        max_position_embeddings=4096,
+        full_attention_interval=2,
+    )
+    mx.random.seed(seed)
+    model = qwen3_next.Model(args)
     mx.eval(model.parameters())
     return model
 

@@ -251,3 +251,89 @@ def render_history(points: Seq[HistoryPoint]) -> Table:
             f"{p.us_per_token:.1f}",
         )
     return table
+
+
+@dataclass(frozen=True)
+class RewindRow:
+    """Steps on a hybrid target, its Gated DeltaNet layers rewound one way."""
+
+    rewind: str  # "trace": the state kept after each position; "replay": the kept tokens again
+    steps: int
+    tokens_per_step: float
+    calls_per_step: float  # target calls, the verify call and any replay
+    ms_per_step: float  # median wall time of a step after the first
+
+
+def measure_rewind(
+    draws: int = 3, max_tokens: int = 48, k: int = 4, seed: int = 0
+) -> tuple[RewindRow, ...]:
+    """The draft model at k on a tiny Qwen3-Next (`specmlx.testing.tiny_hybrid`: two Gated
+    DeltaNet layers, two attention layers) whose random draft keeps few tokens, so most
+    steps rewind: greedy, `draws` generations per rewind, interleaved. Each row counts
+    the target's calls per step and times a step."""
+    from mlx_lm.models import qwen3_next
+
+    from specmlx.engine.cache import Sequence
+    from specmlx.testing import tiny_hybrid, tiny_llama
+
+    target = tiny_hybrid(seed=seed)
+    models = Models(target=target, tokenizer=None, draft=tiny_llama(seed=seed + 1))
+    config = GenerationConfig(method="draft", k=k, max_tokens=max_tokens)
+    prompt = [(7 * i) % 61 + 3 for i in range(32)]
+    calls = [0]
+    call = qwen3_next.Model.__call__
+
+    def counted(self, *args, **kwargs):
+        calls[0] += self is target
+        return call(self, *args, **kwargs)
+
+    seen: dict[str, tuple[list[float], list[int], list[int]]] = {
+        "trace": ([], [], []),
+        "replay": ([], [], []),
+    }
+    qwen3_next.Model.__call__ = counted
+    try:
+        for draw in range(draws + 1):  # draw 0 warms up
+            for rewind, (seconds, counts, tokens) in seen.items():
+                Sequence.trace_recurrent = rewind == "trace"
+                steps = Session(models, config).steps(prompt)
+                last = time.perf_counter()
+                for n, step in enumerate(steps):
+                    if draw and n:  # the first step also prefills
+                        seconds.append(time.perf_counter() - last)
+                        counts.append(calls[0])
+                        tokens.append(len(step.tokens))
+                    calls[0], last = 0, time.perf_counter()
+    finally:
+        qwen3_next.Model.__call__ = call
+        Sequence.trace_recurrent = True
+    return tuple(
+        RewindRow(
+            rewind,
+            len(seconds),
+            statistics.mean(tokens),
+            statistics.mean(counts),
+            1000 * statistics.median(seconds),
+        )
+        for rewind, (seconds, counts, tokens) in seen.items()
+    )
+
+
+def render_rewind(rows: Seq[RewindRow]) -> Table:
+    table = Table(
+        title="rewinding a hybrid target (Gated DeltaNet + attention): kept states vs replay",
+        caption="The draft model at k=4 on a tiny random Qwen3-Next, greedy, interleaved "
+        "draws; calls: target calls per step (the verify call, plus a replay of the kept "
+        "tokens where the state was only checkpointed).",
+    )
+    for title in ("rewind", "steps", "tok/step", "target calls/step", "ms/step"):
+        table.add_column(title, justify="left" if title == "rewind" else "right")
+    for row in rows:
+        table.add_row(
+            row.rewind,
+            str(row.steps),
+            f"{row.tokens_per_step:.2f}",
+            f"{row.calls_per_step:.2f}",
+            f"{row.ms_per_step:.2f}",
+        )
+    return table

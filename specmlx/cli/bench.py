@@ -88,13 +88,16 @@ def bench(
     if overhead:
         from specmlx.bench.overhead import (
             measure_overhead,
+            measure_rewind,
             measure_suffix_history,
             render,
             render_history,
+            render_rewind,
         )
 
         Console().print(render(measure_overhead()))
         Console().print(render_history(measure_suffix_history()))
+        Console().print(render_rewind(measure_rewind()))
         return
 
     from specmlx.bench import report as bench_report

@@ -9,9 +9,14 @@ the common prefix of two turns. Rewind is exact for each cache kind:
   plain KVCache that applies the same window through the attention mask. It keeps the
   whole history, so it can always be trimmed, where a rotating buffer past its window has
   overwritten what a rewind would need.
-- Anything else that can't be trimmed (ArraysCache of SSM and hybrid models): checkpoint
+- Gated DeltaNet layers (ArraysCache of Qwen3.5 / Qwen3-Next hybrids): the verify call
+  itself keeps their state after each position (`specmlx.engine.recurrent`); a rewind sets
+  the state at the last kept token and runs nothing.
+- Anything else that can't be trimmed (the ArraysCache of Mamba-like models): checkpoint
   the state before the unverified tokens go in, and on rewind restore it and replay the
   tokens that were kept.
+
+No recurrent layer can verify a token tree in one call: a tree on such a model is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from mlx_lm.models.cache import (
 )
 
 from specmlx.engine.features import FeatureSpec, capturing
+from specmlx.engine.recurrent import Trace, recording, recurrent_layers
 from specmlx.engine.tree import Tree, tree_call
+from specmlx.errors import SpecmlxError
 
 PREFILL_STEP = 512
 
@@ -112,6 +119,9 @@ class Sequence:
     keeps the hidden states `spec` names, one row per confirmed token (`feature_rows`).
     """
 
+    # False: rewind Gated DeltaNet layers by replay too (`bench --overhead` compares both).
+    trace_recurrent = True
+
     def __init__(self, model: nn.Module, prefill_step: int = PREFILL_STEP):
         self.model = model
         self.prefill_step = prefill_step
@@ -119,7 +129,15 @@ class Sequence:
         self.tokens: list[int] = []
         self.n_unconfirmed = 0
         self.trimmable = all(c.is_trimmable() for c in self.cache)
+        # Gated DeltaNet layers by cache index (rewound from their traces), None where
+        # rewinding replays from a checkpoint.
+        traced = not self.trimmable and self.trace_recurrent
+        self.recurrent = recurrent_layers(model, self.cache) if traced else None
         self._checkpoint: list[Any] | None = None
+        # Since the last settle: each recurrent layer's (conv window, state) before the
+        # unconfirmed tokens, and each call's input count and traces.
+        self._before: dict[int, tuple[mx.array, mx.array]] = {}
+        self._traces: list[tuple[int, dict[int, Trace]]] = []
         self._busy = False  # a call that changes the cache is under way
         self.feature_spec: FeatureSpec | None = None
         self._features: list[mx.array] = []  # chunks of rows, one row per confirmed token
@@ -134,6 +152,7 @@ class Sequence:
         self.tokens = []
         self.n_unconfirmed = 0
         self._checkpoint = None
+        self._before, self._traces = {}, []
         self._busy = False
         self._features = []
         self._pending = None
@@ -160,8 +179,14 @@ class Sequence:
             return mx.zeros((0, 0))
         return rows[0] if len(rows) == 1 else mx.concatenate(rows[::-1])
 
-    def _call(self, inputs: mx.array) -> mx.array:
-        """The model on `inputs` (n,) with the cache; the features go to `_pending`."""
+    def _call(self, inputs: mx.array, traced: bool = False) -> mx.array:
+        """The model on `inputs` (n,) with the cache; the features go to `_pending`, and
+        when `traced`, the recurrent layers' traces to `_traces`."""
+        if traced:
+            with recording(self.model, self.recurrent) as traces:
+                logits = self._call(inputs)
+            self._traces.append((inputs.shape[0], traces))
+            return logits
         if self.feature_spec is None:
             return self.model(inputs[None], cache=self.cache)[0]
         with capturing(self.model, self.feature_spec) as seen:
@@ -228,14 +253,23 @@ class Sequence:
         """
         if tree is not None:
             return self._forward_tree(inputs, tree)
-        if not self.trimmable and self.n_unconfirmed == 0:
+        traced = self.recurrent is not None
+        if traced and self.n_unconfirmed == 0:
+            self._before = {i: (self.cache[i][0], self.cache[i][1]) for i in self.recurrent}
+            self._traces = []
+        elif not self.trimmable and self.n_unconfirmed == 0:
             # Copy the containers (the arrays themselves are immutable) so the later
             # in-place updates of the cache lists do not reach the checkpoint.
             self._checkpoint = [tree_map(lambda x: x, c.state) for c in self.cache]
         self.n_unconfirmed += inputs.shape[0]
-        return self._call(inputs)
+        return self._call(inputs, traced)
 
     def _forward_tree(self, inputs: mx.array, tree: Tree) -> mx.array:
+        if not self.trimmable:
+            raise SpecmlxError(
+                "this model has recurrent layers, which cannot verify a token tree in one "
+                "call: draft chains (--method ngram, draft, mtp)"
+            )
         with tree_call(self.model, self.cache, tree):
             return self.forward(inputs)
 
@@ -258,10 +292,33 @@ class Sequence:
         if drop and self.trimmable:
             for c in self.cache:
                 c.trim(drop)
+        elif drop and self.recurrent is not None:
+            self._rewind(len(kept), drop)
         elif drop:
             for c, state in zip(self.cache, self._checkpoint, strict=True):
                 c.state = state
             if kept:
                 self.model(mx.array(kept, mx.uint32)[None], cache=self.cache)
         self._checkpoint = None
+        self._before, self._traces = {}, []
         self.tokens.extend(kept)
+
+    def _rewind(self, n_kept: int, drop: int) -> None:
+        """Trim the KV layers by `drop`; set each recurrent layer to its state after the
+        first `n_kept` unconfirmed tokens, from the traces of the calls that fed them."""
+        for i, c in enumerate(self.cache):
+            if i not in self._before:
+                c.trim(drop)
+        if n_kept == 0:
+            for i, (conv, state) in self._before.items():
+                self.cache[i][0], self.cache[i][1] = conv, state
+            return
+        p, call = n_kept - 1, 0  # the last kept position, within the call that fed it
+        while p >= self._traces[call][0]:
+            p -= self._traces[call][0]
+            call += 1
+        n, traces = self._traces[call]
+        for i, trace in traces.items():
+            window = trace.conv_input.shape[1] - n
+            self.cache[i][0] = mx.contiguous(trace.conv_input[:, p + 1 : p + 1 + window])
+            self.cache[i][1] = trace.states[p]
