@@ -20,6 +20,7 @@ from specmlx.drafters.suffix_store import (
     RECENT,
     SuffixIndex,
     SuffixStore,
+    Trust,
     load_store,
 )
 from specmlx.engine.sampling import SamplingConfig
@@ -141,10 +142,48 @@ def test_the_proposal_follows_the_frequencies_of_the_continuations():
     tokens, parents = draft.tokens.tolist(), draft.tree.parents
     assert tokens[:3] == [1, 2, 7] and parents[:3] == (0, 1, 1)
     assert 9 not in tokens
-    assert expected == pytest.approx(0.75 + 0.5 + 4 * 0.25)  # 1, 2; 7, 3, 4 and 7 after 7
+    # Shares believed q per level (the prior, before any trial): 1; 2, 7; 3, 4, 7 after 7.
+    q = drafter.trust.q(2)
+    assert q == Trust.prior(2) == 2 / 3
+    assert expected == pytest.approx(q * 0.75 + q**2 * (0.5 + 0.25) + q**3 * 3 * 0.25)
     # The draft holds at most factor x match length tokens: a 2-token match and factor 1.
-    short, _ = SuffixDrafter(store, tree_size=32, factor=1.0).speculate([0, 5, 6], 8)
+    short, _ = SuffixDrafter(store, tree_size=32, factor=1.0, min_prob=0.3).speculate([0, 5, 6], 8)
     assert short.size == 2 and short.tree is None  # one path: a chain
+
+
+def test_trust_learns_what_the_target_went_on_with_and_stops_what_does_not_pay():
+    store = SuffixStore(10_000, "t")
+    store.record([], [5, 6, 1, 2, 3, 8, 8, 8, 8, 8, 8, 8, 8, 9, 4])
+    cost = lambda n: 1 + 0.25 * (n - 1)  # noqa: E731
+    short = [0, 5, 6]
+
+    def went_on(tokens: list[int]) -> SuffixDrafter:
+        """A request's drafter: a candidate at `short`, then the target's `tokens`."""
+        drafter = SuffixDrafter(store, verify_cost=cost)
+        drafter.speculate(short, 4)
+        drafter.speculate([*short, *tokens], 4)
+        return drafter
+
+    drafter = SuffixDrafter(store, verify_cost=cost)
+    assert drafter.speculate(short, 4)[0].size > 0  # q = 2/3: a 2-token match drafts
+    for _ in range(20):  # ...but the target never goes on as it says
+        went_on([7])
+    assert drafter.trust.q(2) < 0.1 and drafter.trust.q(3) == drafter.trust.q(2)
+    assert drafter.speculate(short, 4)[0].size == 0  # it no longer pays: the step goes plain
+    # ...yet its candidates are scored all along: where the target now follows them, the
+    # length earns its drafts back, though none was proposed.
+    for _ in range(10):
+        went_on([1, 2])
+    assert drafter.trust.q(2) > 0.5 and drafter.speculate(short, 4)[0].size > 0
+    # Another length is another record; a later drafter on the store shares it.
+    later = SuffixDrafter(store, verify_cost=cost)
+    assert later.trust is drafter.trust and later.trust.q(8) == Trust.prior(8) == 8 / 9
+    # A level whose parent came is a trial, won if one of its children came: the chain
+    # 3, 8, 8, 8 then the target's 3, 7 is one win and one loss, at shares of 1.
+    unpriced = SuffixDrafter(store)  # no verify costs: the whole chain goes
+    assert unpriced.speculate([5, 6, 1, 2], 4)[0].size == 4
+    unpriced.speculate([5, 6, 1, 2, 3, 7], 4)
+    assert unpriced.trust.offered[3] == 2 and unpriced.trust.kept[3] == 1
 
 
 def test_without_a_match_nothing_is_proposed():
@@ -268,3 +307,21 @@ def test_a_reply_stopped_early_is_remembered_as_far_as_it_went(tiny_dirs):
     events.close()  # as Ctrl-C in a chat does
     (kept,) = models.suffix_store.documents()
     assert kept == [*ids[-PROMPT_TAIL:], *seen]
+
+
+@pytest.mark.parametrize("name", ["suffix+heads", "suffix+draft"])
+def test_the_methods_table_builds_each_hybrid_and_it_stays_lossless(name):
+    from specmlx.testing import tiny_models
+
+    models = tiny_models()
+    drafter = METHODS[name].build(models, SuffixOptions(tree_size=8))
+    assert drafter.fallback is not None and drafter.traits.kind.startswith("suffix+")
+    prompt = [(7 * i) % 61 + 3 for i in range(24)]
+    plain, _ = run(models.target, prompt, None, k=0, n=32)
+    models.suffix_store.record(prompt, plain[:16])  # half the answer, remembered
+    spec, steps = run(models.target, prompt, drafter, k=4, n=32)
+    assert spec == plain
+    assert any(s.free and s.n_accepted for s in steps)  # the memory drafted
+    # and the fallback had the other steps (drafting as its costs say: heads priced by
+    # timing may draft nothing)
+    assert any(not s.free for s in steps)

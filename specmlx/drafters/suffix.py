@@ -6,10 +6,12 @@ shared `SuffixStore`), is looked up; the tokens that followed each of its occurr
 tree whose nodes are scored by how many occurrences went that way (the fraction of them: the
 product of each step's frequency). The best-scored nodes are proposed, at most `factor` times
 the match's length (a long match earns a long draft) and `k` deep, dropping a branch that
-fewer than `min_prob` of its parent's occurrences took; with the target's verify costs the
-proposal keeps as many as pay (`best_tree_size`, the scores as chances of acceptance). A
-tree that is one path goes as a chain. Verification is the loop's: lossless at any
-temperature.
+fewer than `min_prob` of its parent's occurrences took. A share is believed as far as the
+target went on as such proposals said before (`Trust`, by match length, kept with the
+store): with the target's verify costs the proposal keeps as many nodes as
+pay (`best_tree_size`, the believed scores as chances of acceptance), none where short
+matches have not paid. A tree that is one path goes as a chain. Verification is the
+loop's: lossless at any temperature.
 
 With a `fallback` drafter (the draft model, or heads) the step drafts from the suffix where
 its proposal expects at least `min_score` tokens kept, and from the fallback elsewhere
@@ -20,19 +22,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from specmlx.drafters.eagle import best_tree_size
-from specmlx.drafters.suffix_store import RECENT, SuffixIndex, SuffixStore
+from specmlx.drafters.suffix_store import RECENT, SuffixIndex, SuffixStore, Trust
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.step import Draft, Drafter, DrafterTraits, StopRule, Verdict
 from specmlx.engine.tree import Tree
 
 if TYPE_CHECKING:
     from specmlx.engine.cache import Sequence
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A suffix proposal made at context length `at` from a match `length` tokens long."""
+
+    at: int
+    length: int
+    tokens: list[int]
+    parents: list[int]
+    shares: list[float]
 
 
 class SuffixDrafter:
@@ -56,9 +69,13 @@ class SuffixDrafter:
         self.tree_size, self.factor, self.min_prob = tree_size, factor, min_prob
         self.verify_cost = verify_cost
         self.fallback, self.min_score = fallback, min_score
+        self.trust = Trust() if store is None else store.trust
         self.local = SuffixIndex()
         self._doc = self.local.open()
         self._fallback_proposed = False
+        # The last proposal before the verify costs cut it, for `trust` to learn from what
+        # the target went on with, proposed or not (see `_learn`).
+        self._candidate: _Candidate | None = None
         if fallback is None:
             self.traits = DrafterTraits("suffix", prior_acceptance=self.PRIOR_ACCEPTANCE)
         else:
@@ -69,6 +86,7 @@ class SuffixDrafter:
             self.traits = replace(own, kind=f"suffix+{own.kind}", max_depth=None)
 
     def prefill(self, context: list[int], target: Sequence) -> None:
+        self._candidate = None  # a new request: what follows is not the candidate's to learn
         held = self.local.docs[self._doc]
         if held.tolist() != context[: len(held)]:
             self.local = SuffixIndex()  # another conversation: this request's index anew
@@ -94,8 +112,36 @@ class SuffixDrafter:
         if self._fallback_proposed:
             self.fallback.commit(verdict)
 
+    def _learn(self, context: list[int]) -> None:
+        """Teach `trust` how the last candidate fared against the tokens that came after
+        it: each level whose parent came is one trial, won if one of its children came.
+        This is its verdict where it was verified (a draft token is kept when it is what
+        the target goes on with; at T > 0 a fixed token is kept with exactly the chance
+        the target samples it), and what it would have been where it was not proposed, so
+        a length priced out goes on learning for free."""
+        candidate, self._candidate = self._candidate, None
+        if candidate is None or len(context) <= candidate.at:
+            return
+        node = 0
+        for token in context[candidate.at :]:
+            offered, found = 0.0, None
+            for i, (parent, share) in enumerate(
+                zip(candidate.parents, candidate.shares, strict=True)
+            ):
+                if parent == node:
+                    offered += share
+                    if candidate.tokens[i] == token:
+                        found = i + 1
+            if offered == 0:
+                return
+            self.trust.observe(candidate.length, offered, found is not None)
+            if found is None:
+                return
+            node = found
+
     def speculate(self, context: list[int], k: int) -> tuple[Draft, float]:
         """The suffix proposal for `context`, at most k deep, and the tokens it expects kept."""
+        self._learn(context)
         empty = Draft(mx.array([], mx.uint32), free=True)
         sources = [(self.local, self.local.match(context))]
         if self.store is not None:
@@ -112,7 +158,8 @@ class SuffixDrafter:
             if m.length == longest
             for serial, offset in m.places
         ][:RECENT]
-        tokens, parents, scores = self._best_nodes(paths, budget)
+        tokens, parents, shares, scores = self._best_nodes(paths, budget, self.trust.q(longest))
+        self._candidate = _Candidate(len(context), longest, tokens, parents, shares)
         if self.verify_cost is not None:
             n = best_tree_size(scores, self.verify_cost, 0.0)
             tokens, parents, scores = tokens[:n], parents[:n], scores[:n]
@@ -123,13 +170,14 @@ class SuffixDrafter:
         return Draft(mx.array(tokens, mx.uint32), tree=tree, free=True), sum(scores)
 
     def _best_nodes(
-        self, paths: list[list[int]], budget: int
-    ) -> tuple[list[int], list[int], list[float]]:
+        self, paths: list[list[int]], budget: int, q: float
+    ) -> tuple[list[int], list[int], list[float], list[float]]:
         """The trie of `paths` (count: the paths through a node), its best `budget` nodes by
-        count, parents before children: tokens, parents (0 the root, i the i-th node kept)
-        and scores (a node's share of the paths)."""
+        score (q^depth times the node's share of the paths), parents before children:
+        tokens, parents (0 the root, i the i-th node kept), each node's share of its
+        parent's paths, and the scores."""
         children: dict[tuple[int, int], int] = {}
-        token_of, parent_of, count = [0], [0], [len(paths)]
+        token_of, parent_of, count, depth = [0], [0], [len(paths)], [0]
         for path in paths:
             node = 0
             for token in path:
@@ -139,12 +187,14 @@ class SuffixDrafter:
                     token_of.append(token)
                     parent_of.append(node)
                     count.append(0)
+                    depth.append(depth[node] + 1)
                 count[child] += 1
                 node = child
-        # A child never outcounts its parent, and was made after it: parents come first.
-        order = sorted(range(1, len(token_of)), key=lambda i: (-count[i], i))
+        score = [q ** depth[i] * count[i] / count[0] for i in range(len(token_of))]
+        # A child never outscores its parent (q <= 1), and was made after it: parents first.
+        order = sorted(range(1, len(token_of)), key=lambda i: (-score[i], i))
         kept: dict[int, int] = {0: 0}  # trie node -> its place in the proposal (root 0)
-        tokens, parents, scores = [], [], []
+        tokens, parents, shares, scores = [], [], [], []
         for node in order:
             if len(tokens) == budget:
                 break
@@ -153,6 +203,7 @@ class SuffixDrafter:
                 continue
             tokens.append(token_of[node])
             parents.append(kept[parent])
-            scores.append(count[node] / count[0])
+            shares.append(count[node] / count[parent])
+            scores.append(score[node])
             kept[node] = len(tokens)
-        return tokens, parents, scores
+        return tokens, parents, shares, scores

@@ -131,6 +131,50 @@ class SuffixIndex:
         return self.docs[serial][offset : offset + depth].tolist()
 
 
+class Trust:
+    """How far a suffix proposal is to be believed, by the length of its match.
+
+    A node's share of the occurrences is not its chance of acceptance: a single earlier
+    occurrence of a one-token match gives its continuation share 1, yet chat text rarely goes
+    on as it did once before. Per match length (1, 2-3, 4-7, ... 32+ tokens) this keeps q,
+    the chance that the target keeps one of a node's children, per unit of the children's
+    share: a child's chance is q times its share of its parent's occurrences, so a node d
+    deep expects q^d times its share. Each level of a proposal whose parent the target went
+    on with is one trial: offered the shares of the children proposed there, won if the
+    target went on with one of them (q = kept / offered, at most 1). Before any trial a
+    length L believes L / (L + 1), SuffixDecoding's premise that a longer match predicts
+    further (1: 0.5, 32: 0.97), worth two trials. Where short matches do not pay, their q falls until the verify
+    costs price them out and the step goes plain; the drafter goes on scoring what it
+    would have proposed, so a q that was unlucky recovers.
+    """
+
+    PRIOR_TRIALS = 2.0
+
+    def __init__(self) -> None:
+        self.kept: dict[int, float] = {}
+        self.offered: dict[int, float] = {}
+
+    @staticmethod
+    def bucket(match_length: int) -> int:
+        return min(match_length.bit_length(), 6)
+
+    @classmethod
+    def prior(cls, match_length: int) -> float:
+        """What a length believes before any trial: L / (L + 1) for the bucket's shortest L."""
+        shortest = 1 << (cls.bucket(match_length) - 1)
+        return shortest / (shortest + 1)
+
+    def q(self, match_length: int) -> float:
+        b = self.bucket(match_length)
+        kept = self.PRIOR_TRIALS * self.prior(match_length) + self.kept.get(b, 0.0)
+        return min(1.0, kept / (self.PRIOR_TRIALS + self.offered.get(b, 0.0)))
+
+    def observe(self, match_length: int, offered: float, kept: bool) -> None:
+        b = self.bucket(match_length)
+        self.offered[b] = self.offered.get(b, 0.0) + offered
+        self.kept[b] = self.kept.get(b, 0.0) + kept
+
+
 class SuffixStore:
     """Earlier answers of one target, within `budget` tokens (the oldest dropped first), for
     the suffix drafter of every session on the loaded models. `path`: where `save` writes
@@ -143,6 +187,8 @@ class SuffixStore:
         self.tokenizer_id = tokenizer_id
         self.path = path
         self.index = SuffixIndex()
+        # How often its proposals were kept, learnt by every drafter that reads it.
+        self.trust = Trust()
 
     def record(self, prompt_ids: Sequence[int], answer: Sequence[int]) -> None:
         """Keep an answer, after the tail of its prompt; drop the oldest beyond the budget."""
