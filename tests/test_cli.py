@@ -313,11 +313,15 @@ def test_bench_overhead_calls_the_overhead_module(monkeypatch):
     fake.render = lambda rows: f"overhead table of {rows}"
     fake.measure_suffix_history = lambda: calls.append("history") or ["point"]
     fake.render_history = lambda points: f"history table of {points}"
+    fake.measure_rewind = lambda: calls.append("rewind") or ["rewind row"]
+    fake.render_rewind = lambda rows: f"rewind table of {rows}"
     monkeypatch.setitem(sys.modules, "specmlx.bench.overhead", fake)
     result = invoke("bench", "--overhead")
     assert result.exit_code == 0, result.output
-    assert calls == ["measured", "history"] and "overhead table of ['row']" in result.output
+    assert calls == ["measured", "history", "rewind"]
+    assert "overhead table of ['row']" in result.output
     assert "history table of ['point']" in result.output
+    assert "rewind table of ['rewind row']" in result.output
 
 
 def test_stats_line_shows_ttft_and_acceptance_by_position():

@@ -22,7 +22,8 @@ class GenerationConfig:
     """How to generate.
 
     `method=None` drafts with the draft model when one is loaded, else with the heads when
-    some are loaded, else decodes plainly.
+    some are loaded, else with the target's own MTP layer when its checkpoint has one, else
+    decodes plainly.
     `options` are the method's own settings (`specmlx.api.methods`: `NgramOptions(min_n=2)`,
     `LookaheadOptions(window=7)`, `DraftOptions(p_min=0.5)`); None takes its defaults, and
     options given without a method name the method they belong to.
@@ -57,13 +58,16 @@ class GenerationConfig:
 
 def method_of(models: Models, config: GenerationConfig) -> Method:
     """The method a config asks for: named, implied by its options, or by default the draft
-    model when one is loaded, else the heads when some are."""
+    model when one is loaded, else the heads when some are, else the target's MTP layer
+    when its checkpoint has one."""
     if config.method is not None:
         return METHODS[config.method]
     if config.options is not None:
         return owner_of(config.options)
     if models.draft is None and models.heads:
         return METHODS[next(iter(models.heads))]
+    if models.draft is None and models.has_mtp:
+        return METHODS["mtp"]
     return METHODS["draft" if models.draft is not None else "none"]
 
 

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 from specmlx.errors import UsageError
 
 if TYPE_CHECKING:
+    import mlx.nn as nn
+
     from specmlx.api.models import Models
+    from specmlx.engine.cache import Sequence
     from specmlx.engine.step import Drafter
 
 
@@ -120,6 +123,20 @@ class SuffixOptions:
             raise UsageError(f"suffix-memory must be at least 1 token, got {self.memory}")
 
 
+@dataclass(frozen=True)
+class MtpOptions:
+    """Multi-token prediction from the target's own checkpoint (`mtp.*` tensors). `hidden`:
+    the target's hidden state the MTP layer reads, and the layer's own that it reads back
+    when drafting past one token: "post-norm", after the final norm, as the model's authors
+    and vLLM feed it; "pre-norm", before it, as mlx-lm#990's branch does."""
+
+    hidden: str = "post-norm"
+
+    def __post_init__(self) -> None:
+        if self.hidden not in ("post-norm", "pre-norm"):
+            raise UsageError(f"mtp-hidden must be post-norm or pre-norm, got {self.hidden!r}")
+
+
 # The most nodes a cost-sized tree of heads may keep (root included).
 MAX_TREE = 64
 
@@ -131,6 +148,7 @@ MethodOptions = (
     | MedusaOptions
     | EagleOptions
     | SuffixOptions
+    | MtpOptions
 )
 Builder = Callable[["Models", Any], "Drafter | None"]
 
@@ -144,6 +162,8 @@ class Method:
     build: Builder
     needs_heads: bool = False
     drafts_trees: bool = False  # verifies token trees (not chains)
+    # Drafts chains instead where the target cannot verify trees (recurrent layers).
+    chains_if_needed: bool = False
     # Its sessions keep every answer in the loaded target's suffix memory (`Models.memory`).
     remembers: bool = False
 
@@ -236,7 +256,15 @@ def _suffix(models: Models, options: SuffixOptions, fallback: Drafter | None = N
         verify_cost=verify_cost,
         fallback=fallback,
         min_score=options.min_score,
+        chains=not _takes_trees(models.target),
     )
+
+
+def _takes_trees(model: nn.Module) -> bool:
+    """Whether one call of the model can verify a token tree: no recurrent layer."""
+    from specmlx.engine.cache import make_cache
+
+    return all(c.is_trimmable() for c in make_cache(model))
 
 
 def _suffix_draft(models: Models, options: SuffixOptions) -> Drafter:
@@ -249,6 +277,26 @@ def _suffix_heads(models: Models, options: SuffixOptions) -> Drafter:
     if "medusa" in models.heads:
         return _suffix(models, options, _medusa(models, MedusaOptions()))
     raise UsageError("--method suffix+heads needs heads (--heads DIR)")
+
+
+# The chain an MTP layer's cost is timed over.
+MTP_DEPTH = 4
+
+
+def _mtp(models: Models, options: MtpOptions) -> Drafter:
+    from specmlx.drafters.mtp import MtpDrafter
+    from specmlx.heads.mtp import target_features
+
+    head = models.mtp()
+    features = target_features(models.target, options.hidden)
+    post_norm = options.hidden == "post-norm"
+    key = ("mtp", options.hidden)
+    if key not in models.proposal_costs:
+        # c, as a draft model's is calibrated: a chain of DEPTH drafted tokens (its catch-up
+        # position and DEPTH - 1 recursions) over a one-token target call, per token.
+        throwaway = MtpDrafter(head, features, post_norm)
+        models.proposal_costs[key] = _proposal_cost(models, throwaway, MTP_DEPTH) / MTP_DEPTH
+    return MtpDrafter(head, features, post_norm, token_cost=models.proposal_costs[key])
 
 
 def _proposal_cost(models: Models, drafter: Drafter, k: int, reps: int = 4) -> float:
@@ -336,6 +384,7 @@ METHODS: dict[str, Method] = {
             False,
             _suffix,
             drafts_trees=True,
+            chains_if_needed=True,
             remembers=True,
         ),
         Method(
@@ -345,6 +394,7 @@ METHODS: dict[str, Method] = {
             True,
             _suffix_draft,
             drafts_trees=True,
+            chains_if_needed=True,
             remembers=True,
         ),
         Method(
@@ -356,6 +406,14 @@ METHODS: dict[str, Method] = {
             needs_heads=True,
             drafts_trees=True,
             remembers=True,
+        ),
+        Method(
+            "mtp",
+            "the multi-token-prediction layer of the target's own checkpoint (Qwen3.5, "
+            "Qwen3-Next, MiMo), chains",
+            MtpOptions,
+            False,
+            _mtp,
         ),
     )
 }
@@ -380,6 +438,22 @@ def takers_of(options: MethodOptions | type) -> list[Method]:
     """Every method that takes these options."""
     kind = options if isinstance(options, type) else type(options)
     return [m for m in METHODS.values() if m.options is kind]
+
+
+def check_target(used: Method, target: Sequence) -> None:
+    """Refuse, before anything runs, a tree method on a target with recurrent layers (Gated
+    DeltaNet, SSM: a cache that can't be trimmed). Such a layer runs a call's tokens in
+    order through one state, so it cannot score a tree's branches side by side."""
+    if used.drafts_trees and not used.chains_if_needed and not target.trimmable:
+        chains = [
+            m.name
+            for m in METHODS.values()
+            if (not m.drafts_trees or m.chains_if_needed) and m.name != "none"
+        ]
+        raise UsageError(
+            f"--method {used.name} drafts token trees, which this target's recurrent layers "
+            f"cannot verify in one call; use a chain method: {', '.join(chains)}"
+        )
 
 
 def methods_help() -> str:

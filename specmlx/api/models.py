@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specmlx.engine.anatomy import text_args, vocab_rows
 from specmlx.engine.sampling import SamplingConfig
 
 if TYPE_CHECKING:
@@ -45,6 +46,29 @@ class Models:
     # Earlier answers, for suffix decoding: made by the first session that drafts with it,
     # then shared by every session on these models (generate, chat, server, batch).
     suffix_store: SuffixStore | None = field(default=None, repr=False)
+    # The MTP layer of the target's own checkpoint (`specmlx.heads.mtp`), read from its
+    # files on first use (mlx-lm's load drops it).
+    mtp_head: Any = field(default=None, repr=False)
+
+    def mtp(self) -> Any:
+        """The target's MTP layer (`MtpHead`), read once; a one-line error where the
+        checkpoint has none, or has it in a shape the target's config does not fit."""
+        if self.mtp_head is None:
+            from specmlx.errors import UsageError
+            from specmlx.heads.mtp import load_mtp
+
+            if self.target_path is None:
+                raise UsageError("--method mtp reads the target's checkpoint: load it from disk")
+            self.mtp_head = load_mtp(self.target_path, self.target)
+        return self.mtp_head
+
+    @functools.cached_property
+    def has_mtp(self) -> bool:
+        """Whether the target's checkpoint holds an MTP layer `--method mtp` reads (from the
+        headers of its files alone)."""
+        from specmlx.heads.mtp import has_mtp
+
+        return self.mtp_head is not None or has_mtp(self.target_path, self.target)
 
     def memory(self, budget: int, cache: str | None = None) -> SuffixStore:
         """The suffix memory of these models: `budget` tokens of earlier answers, read from
@@ -84,11 +108,4 @@ class Models:
 
     @property
     def context_length(self) -> int | None:
-        args = getattr(self.target, "args", None)
-        return getattr(args, "max_position_embeddings", None)
-
-
-def vocab_rows(model: nn.Module) -> int:
-    """The rows of a model's output layer: its vocabulary, padding included."""
-    args = getattr(model, "args", None)
-    return int(args.vocab_size)
+        return getattr(text_args(self.target), "max_position_embeddings", None)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import mlx.core as mx
 
 from specmlx.api.config import GenerationConfig, method_of, options_of
+from specmlx.api.methods import check_target
 from specmlx.api.models import CostKey, Models
 from specmlx.engine.cache import Sequence
 from specmlx.engine.costs import CostProfile
@@ -61,6 +62,7 @@ class Session:
         self.options = options_of(models, config)
         self.profile = profile
         self.target = Sequence(models.target)
+        check_target(self.method, self.target)
         tokenizer = models.tokenizer  # None for the tiny models of `specmlx.testing`
         self.stop_tokens = frozenset(tokenizer.eos_token_ids if tokenizer is not None else ())
         self.drafter: Drafter | None = self.method.build(models, self.options)
@@ -96,6 +98,10 @@ class Session:
 
             self.profile, _ = load_or_measure(self.models, with_draft=traits.uses_model)
         profile = self.profile
+        if traits.token_cost is not None:
+            # A drafter that timed its own calls (MTP): its c in place of a draft model's.
+            draft_call = traits.token_cost * profile.target_call_seconds
+            profile = replace(profile, draft_call_seconds=draft_call)
         # The costs earlier responses measured carry over: they are the machine's; so does
         # what they saw of this drafter's drafts.
         key: CostKey = (

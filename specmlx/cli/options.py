@@ -34,6 +34,7 @@ from specmlx.api.methods import (
     MedusaOptions,
     Method,
     MethodOptions,
+    MtpOptions,
     NgramOptions,
     SuffixOptions,
     method,
@@ -52,7 +53,8 @@ F = TypeVar("F", bound=Callable[..., object])
 MethodOpt = Annotated[
     str | None,
     typer.Option(
-        help=f"{methods_help()}. Default: the draft model when one is loaded, else plain decoding."
+        help=f"{methods_help()}. Default: the draft model when one is loaded, else the "
+        "heads, else the target's own MTP layer where its checkpoint has one, else plain decoding."
     ),
 ]
 KOpt = Annotated[
@@ -101,6 +103,7 @@ _METHOD_FLAGS: dict[str, tuple[tuple[type, str], ...]] = {
     "suffix_factor": ((SuffixOptions, "factor"),),
     "suffix_min_prob": ((SuffixOptions, "min_prob"),),
     "suffix_min_score": ((SuffixOptions, "min_score"),),
+    "mtp_hidden": ((MtpOptions, "hidden"),),
 }
 
 
@@ -220,6 +223,14 @@ class MethodFlags:
             "suffix_min_score",
             "with --draft or --heads: draft from the suffix when it expects this many tokens "
             "kept, else from them.",
+        ),
+    ] = None
+    mtp_hidden: Annotated[
+        str | None,
+        _method_flag(
+            "mtp_hidden",
+            "the target's hidden state the MTP layer reads: post-norm (after the final norm, "
+            "as the model's authors feed it) or pre-norm.",
         ),
     ] = None
 

@@ -64,11 +64,13 @@ class SuffixDrafter:
         verify_cost: Callable[[int], float] | None = None,
         fallback: Drafter | None = None,
         min_score: float = 2.0,
+        chains: bool = False,
     ):
         self.store = store
         self.tree_size, self.factor, self.min_prob = tree_size, factor, min_prob
         self.verify_cost = verify_cost
         self.fallback, self.min_score = fallback, min_score
+        self.chains = chains  # only the best child of each node: a target that takes no trees
         self.trust = Trust() if store is None else store.trust
         self.local = SuffixIndex()
         self._doc = self.local.open()
@@ -201,6 +203,8 @@ class SuffixDrafter:
             parent = parent_of[node]
             if parent not in kept or count[node] < self.min_prob * count[parent]:
                 continue
+            if self.chains and kept[parent] in parents:
+                continue  # the parent has its best child already
             tokens.append(token_of[node])
             parents.append(kept[parent])
             shares.append(count[node] / count[parent])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from specmlx.engine.anatomy import vocab_rows
 from specmlx.engine.cache import Sequence
 
 
@@ -175,14 +176,14 @@ def monotone(v: dict[int, float]) -> dict[int, float]:
 
 def _prefilled(model: nn.Module, context: int) -> Sequence:
     sequence = Sequence(model)
-    vocab = int(model.args.vocab_size)
+    vocab = vocab_rows(model)
     ids = [(17 * i + 11) % vocab for i in range(context + 1)]
     sequence.sync(ids)  # the cache now holds `context` tokens
     return sequence
 
 
 def _time_call(sequence: Sequence, n_tokens: int) -> float:
-    vocab = int(sequence.model.args.vocab_size)
+    vocab = vocab_rows(sequence.model)
     inputs = mx.array([(31 * i + 7) % vocab for i in range(n_tokens)], mx.uint32)
     mx.eval(inputs)
     start = time.perf_counter()

@@ -52,6 +52,9 @@ class DrafterTraits:
 
     kind: str  # the name its measured costs are kept under ("draft", "ngram", ...)
     uses_model: bool = False  # runs a model once per drafted token: each costs c
+    # c as the drafter measured it, where its model is no draft model the calibration times
+    # (MTP: a layer of the target's own): one drafted token over a one-token target call.
+    token_cost: float | None = None
     tree_size: int | None = None  # a tree drafter: tokens every proposal puts in one call
     # The chance its first drafted token is kept, before any evidence.
     prior_acceptance: float = 0.5

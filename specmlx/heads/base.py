@@ -25,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from specmlx.engine.anatomy import hidden_size, output_layer
 from specmlx.engine.features import backbone
 from specmlx.errors import SpecmlxError
 from specmlx.heads.kinds import head_kind
@@ -96,20 +97,14 @@ def _required(f: dataclasses.Field) -> bool:
 # --- the target -------------------------------------------------------------------------
 
 
-def _output_layer(model: nn.Module) -> nn.Module:
-    """The layer that turns the final hidden state into logits: lm_head, or the tied
-    embedding (mlx-lm models drop `lm_head` when the embeddings are tied)."""
-    return model["lm_head"] if "lm_head" in model else backbone(model).embed_tokens
-
-
 def target_vocab(model: nn.Module) -> int:
     """The target's output rows (its vocabulary, padding included)."""
-    return _output_layer(model).weight.shape[0]  # rows, also when quantized (packed columns)
+    return output_layer(model).weight.shape[0]  # rows, also when quantized (packed columns)
 
 
 def output_rows(model: nn.Module, d2t: mx.array | None) -> mx.array:
     """The target's output rows for the draft vocabulary, dequantized. # (V_d, hidden)"""
-    layer = _output_layer(model)
+    layer = output_layer(model)
     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         # Pick the quantized rows first: only V_d rows are ever dequantized.
         pick = (lambda a: a) if d2t is None else (lambda a: a[d2t])
@@ -137,7 +132,7 @@ class TargetOutput:
     """
 
     def __init__(self, model: nn.Module, d2t: mx.array | None):
-        layer = _output_layer(model)
+        layer = output_layer(model)
         quantized = isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding))
         self._layer = layer if quantized and d2t is None else None
         self.rows = None if self._layer is not None else output_rows(model, d2t)  # (V_d, d)
@@ -162,10 +157,9 @@ def check_fits(
 ) -> None:
     """Heads of `config` can sit on `target_model`: its hidden size and vocabulary, and d2t
     ids exactly when the draft vocabulary is smaller. `what` names them in the error."""
-    if config.hidden_size != target_model.args.hidden_size:
+    if config.hidden_size != hidden_size(target_model):
         raise SpecmlxError(
-            f"{what} of hidden size {config.hidden_size} on a target of "
-            f"{target_model.args.hidden_size}"
+            f"{what} of hidden size {config.hidden_size} on a target of {hidden_size(target_model)}"
         )
     if config.target_vocab != target_vocab(target_model):
         raise SpecmlxError(
@@ -198,7 +192,7 @@ def fingerprint(model: nn.Module, tokenizer: Any | None) -> dict[str, Any]:
     probe = inner.embed_tokens(ids)[:, :PROBE_DIMS].astype(mx.float32)  # (16, 32)
     return {
         "model_type": getattr(model, "model_type", None) or model.args.model_type,
-        "hidden_size": model.args.hidden_size,
+        "hidden_size": hidden_size(model),
         "num_layers": len(inner.layers),
         "vocab_size": vocab_size,
         "tokenizer_sha256": None if tokenizer is None else tokenizer_sha256(tokenizer),

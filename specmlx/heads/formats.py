@@ -50,6 +50,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from specmlx.engine.anatomy import hidden_size
 from specmlx.engine.features import backbone
 from specmlx.errors import SpecmlxError
 from specmlx.heads.base import (
@@ -319,10 +320,10 @@ def _convert_advice(folder: Path, name: str) -> str:
 
 
 def _check_dims(folder: Path, kind: str, hidden: int, rows: int | None, model: nn.Module) -> None:
-    if hidden != model.args.hidden_size:
+    if hidden != hidden_size(model):
         raise SpecmlxError(
             f"{folder}: {kind} heads of hidden size {hidden}, the target's is "
-            f"{model.args.hidden_size}: they were trained for another model"
+            f"{hidden_size(model)}: they were trained for another model"
         )
     if rows is not None and rows > target_vocab(model):
         raise SpecmlxError(

@@ -33,6 +33,7 @@ import numpy as np
 from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt, generate
 from specmlx.api.models import Models
+from specmlx.engine.anatomy import hidden_size
 from specmlx.engine.cache import make_cache
 from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.engine.sampling import SamplingConfig
@@ -372,7 +373,7 @@ def cache_features(
         "version": 1,
         "fingerprint": fingerprint(models.target, models.tokenizer),
         "feature_layers": list(spec.layers),
-        "width": spec.width(int(models.target.args.hidden_size)),
+        "width": spec.width(hidden_size(models.target)),
         "vocab_size": models.vocab_size,
         "eos_ids": sorted(int(i) for i in models.tokenizer.eos_token_ids),
         "chunk": chunk,

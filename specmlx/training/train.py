@@ -35,6 +35,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from specmlx.api.models import Models
+from specmlx.engine.anatomy import hidden_size
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vocab
 from specmlx.heads.kinds import KINDS, trainable_kind
@@ -311,7 +312,7 @@ def _create(models: Models, config: TrainConfig, d2t: np.ndarray | None) -> nn.M
     draft_vocab = target_vocab(target) if d2t is None else len(d2t)
     heads_config = HeadsConfig(
         kind=config.kind,
-        hidden_size=int(target.args.hidden_size),
+        hidden_size=hidden_size(target),
         target_vocab=target_vocab(target),
         draft_vocab=draft_vocab,
         feature_layers=config.feature_layers,

@@ -30,6 +30,7 @@ import mlx.core as mx
 import numpy as np
 
 from specmlx.api.models import Models
+from specmlx.engine.anatomy import hidden_size
 from specmlx.engine.cache import Sequence as TargetSequence
 from specmlx.errors import UsageError
 from specmlx.heads.base import HeadsConfig, target_vocab
@@ -112,7 +113,7 @@ def proposal_costs(
     from specmlx.training.train import target_args
 
     model = models.target
-    vocab, hidden = target_vocab(model), int(model.args.hidden_size)
+    vocab, hidden = target_vocab(model), hidden_size(model)
     context = [int(i) for i in np.argsort(-counts, kind="stable")[:context_tokens]]
     target = TargetSequence(model)
     target.capture(FeatureSpec())

@@ -1,0 +1,196 @@
+"""Hybrid targets (Qwen3.5, Qwen3-Next: Gated DeltaNet layers mixed with full attention),
+loaded from tiny checkpoints in the layout their authors release: every chain method is
+lossless on them, rewinds leave the caches as a fresh prefill would, and tree methods are
+refused up front."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx.utils import tree_flatten
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+import specmlx
+from specmlx.api.methods import METHODS
+from specmlx.api.models import Models
+from specmlx.cli import app
+from specmlx.drafters.draft_model import DraftModelDrafter
+from specmlx.engine.anatomy import hidden_size, output_layer, vocab_rows
+from specmlx.engine.cache import Sequence
+from specmlx.engine.decode import decode
+from specmlx.engine.features import FeatureSpec
+from specmlx.engine.policy import FixedK
+from specmlx.engine.sampling import SamplingConfig
+from specmlx.errors import UsageError
+from tests import test_distribution as dist
+from tests.tiny import make_model_dir
+from tests.tiny_hybrid import make_hybrid_dir, random_model
+
+KINDS = ("qwen3_5", "qwen3_next")
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+CHAINS = [
+    m.name
+    for m in METHODS.values()
+    if (not m.drafts_trees or m.chains_if_needed) and m.name != "none"
+]
+TREES = [m.name for m in METHODS.values() if m.drafts_trees and not m.chains_if_needed]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    out = {kind: make_hybrid_dir(root / kind, kind, seed=1) for kind in KINDS}
+    out["llama"] = make_model_dir(root / "llama", "llama", seed=2)
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded(folders):
+    """Each hybrid target with the tiny llama as its draft model."""
+    return {
+        kind: specmlx.load(str(folders[kind]), str(folders["llama"]), progress=False)
+        for kind in KINDS
+    }
+
+
+def held(seq: Sequence) -> list[mx.array]:
+    """What the cache holds for the confirmed tokens: every recurrent entry, every KV row."""
+    out = []
+    for c in seq.cache:
+        if hasattr(c, "keys"):
+            out += [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+        else:
+            out += list(c.cache)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_released_layout_loads_back_to_the_random_model(tmp_path, kind):
+    mtp = {"mtp.fc.weight": mx.ones((64, 128)), "mtp.norm.weight": mx.zeros((64,))}
+    folder = make_hybrid_dir(tmp_path / kind, kind, seed=3, extra_tensors=mtp)
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(folder / "model.safetensors", "np") as f:
+        stored = {name: f.get_slice(name).get_shape() for name in f.keys()}
+    prefix = "model.language_model." if kind == "qwen3_5" else "model."
+    assert stored[f"{prefix}layers.0.linear_attn.conv1d.weight"][1] == 1  # (C, 1, kernel)
+    assert "lm_head.weight" in stored and "mtp.fc.weight" in stored
+    if kind == "qwen3_5":
+        assert config["text_config"]["model_type"] == "qwen3_5_text"
+        assert config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    else:
+        assert f"{prefix}layers.1.mlp.experts.3.down_proj.weight" in stored
+    model, _ = mlx_lm.load(str(folder))  # sanitize: renames, reshapes, +1 norms, drops mtp
+    expected = dict(tree_flatten(random_model(config, seed=3).parameters()))
+    weights = dict(tree_flatten(model.parameters()))
+    assert weights.keys() == expected.keys()
+    for name, value in weights.items():
+        assert mx.array_equal(value, expected[name]).item(), name
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sizes_are_read_from_the_text_model(loaded, kind):
+    models = loaded[kind]
+    target = models.target
+    assert vocab_rows(target) == models.vocab_size == 320 and hidden_size(target) == 64
+    assert models.context_length == 4096
+    assert output_layer(target) is (
+        target.language_model.lm_head if kind == "qwen3_5" else target.lm_head
+    )
+    seq = Sequence(target)
+    seq.capture(FeatureSpec((1,)))  # what EAGLE-3 heads would read
+    seq.sync(list(range(10, 20)))
+    assert seq.feature_rows().shape == (9, 64)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["ngram", "draft", "suffix", "suffix+draft"])  # mtp: its own
+def test_greedy_chain_methods_equal_plain(loaded, kind, method):
+    models = loaded[kind]
+    models.suffix_store = None  # no answer of another test in the suffix memory
+
+    def run(name):
+        config = specmlx.GenerationConfig(method=name, k=3, max_tokens=24, chat_template=False)
+        return specmlx.generate(models, PROMPT, config)
+
+    plain, spec = run("none"), run(method)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.drafted > spec.stats.accepted  # rejections were rewound
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_target_as_its_own_draft_is_exact_and_accepted(loaded, kind):
+    """The draft side's recurrent caches rewind too; all drafts are kept."""
+    models = loaded[kind]
+    itself = Models(models.target, models.tokenizer, draft=models.target)
+    config = specmlx.GenerationConfig(method="draft", k=3, max_tokens=16, chat_template=False)
+    spec = specmlx.generate(itself, PROMPT, config)
+    plain = specmlx.generate(models, PROMPT, replace(config, method="none", k=None))
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted == spec.stats.drafted > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rewound_caches_equal_a_fresh_prefill(loaded, kind):
+    models = loaded[kind]
+    ids = models.tokenizer.encode(PROMPT)
+    seq = Sequence(models.target)
+    drafter = DraftModelDrafter(models.draft, models.vocab_size)
+    rejected = 0
+    steps = decode(seq, ids, drafter, policy=FixedK(3), max_tokens=16, sampling=SamplingConfig())
+    for step in steps:
+        rejected += step.n_drafted - step.n_accepted
+        fresh = Sequence(models.target)
+        fresh.sync([*seq.tokens, 0])
+        ours, theirs = held(seq), held(fresh)
+        assert len(ours) == len(theirs) > 0
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.shape == b.shape and mx.allclose(a, b, rtol=1e-5, atol=1e-5).item()
+    assert rejected > 0
+
+
+def test_draft_model_keeps_a_hybrid_targets_distribution(folders, loaded, monkeypatch):
+    """χ² at T=1 with top-p: the first two tokens of many responses against the exact joint."""
+    monkeypatch.setattr(dist, "RUNS", 400)  # each run prefills the hybrid anew: keep it short
+    target, tokenizer = mlx_lm.load(str(folders["qwen3_5"]))
+    head = target.language_model.lm_head
+    head.weight = head.weight * 3.0  # a peaked target: enough likely pairs to count
+    sampling = SamplingConfig(temperature=1.0, top_p=0.9)
+    ids = tokenizer.encode("The quick brown fox")
+    drafter = DraftModelDrafter(loaded["qwen3_5"].draft, vocab_rows(target))
+    pairs, n_accepted = dist.sample_pairs(target, drafter, ids, sampling, 2, 3)
+    assert n_accepted > 0
+    assert dist.chi2_pvalue(pairs, dist.exact_joint(target, ids, sampling)) > 0.01
+
+
+@pytest.mark.parametrize("method", TREES)
+def test_tree_methods_are_refused_on_a_hybrid(loaded, method):
+    config = specmlx.GenerationConfig(method=method, k=3)
+    with pytest.raises(UsageError) as error:
+        specmlx.Session(loaded["qwen3_next"], config)
+    message = str(error.value)
+    assert "\n" not in message and f"--method {method}" in message
+    assert all(name in message for name in CHAINS)
+
+
+def test_cli_generates_on_a_released_layout(folders):
+    runner = CliRunner()
+
+    def ids(*args):
+        base = ["generate", "hello", "--target", str(folders["qwen3_5"]), "--max-tokens", "12"]
+        result = runner.invoke(app, [*base, "--json", *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output.splitlines()[-1])["token_ids"]
+
+    plain = ids("--method", "none")
+    assert ids("--method", "ngram") == plain  # k auto: calibrates on the hybrid first
+    assert ids("--draft", str(folders["llama"]), "-k", "2") == plain
+    tree = runner.invoke(
+        app, ["generate", "hi", "--target", str(folders["qwen3_5"]), "--method", "lookahead"]
+    )
+    assert tree.exit_code != 0 and "Traceback" not in tree.output
+    assert tree.output.strip().splitlines()[-1].startswith("error: --method lookahead")
