@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from specmlx.engine.costs import (
@@ -134,3 +136,48 @@ def test_monotone_keeps_a_one_token_call_at_one() -> None:
 
     v = monotone({1: 1.0, 2: 0.92, 3: 1.2})
     assert v == {1: 1.0, 2: 1.0, 3: 1.2}
+
+
+def test_out_of_time_a_calibration_times_fewer_sizes_and_interpolates_the_rest(tiny_dirs):
+    from mlx_lm import load
+
+    target, _ = load(str(tiny_dirs["llama"]))
+    draft, _ = load(str(tiny_dirs["llama-draft"]))
+    seen = []
+    ks = [1, 2, 3, 4, 6, 8, 12, 16]
+    profile = measure_costs(
+        target, draft, ks, reps=3, context=8, budget=1e-6, on_call=lambda *a: seen.append(a)
+    )
+    # No time at all: the smallest and largest sizes once each, the others interpolated.
+    assert profile.interpolated == (2, 3, 4, 6, 8, 12) and sorted(profile.v) == ks
+    assert all(profile.v[a] <= profile.v[b] for a, b in itertools.pairwise(ks))
+    assert profile.v[4] == pytest.approx(1 + (profile.v[16] - 1) * 3 / 15)
+    # Progress: the warm-ups (1, 16, the draft), then one round of 1, 16 and the draft.
+    assert seen[0] == (3, 6) and seen[-1] == (6, 6) and len(seen) == 4
+    assert measure_costs(target, None, ks, reps=1, context=8, budget=600).interpolated == ()
+
+
+def test_the_plan_drops_repetitions_before_sizes():
+    from specmlx.engine.costs import _plan
+
+    ks = [1, 2, 3, 4, 6, 8, 12, 16]
+    first = {1: 1.0, 16: 1.0}  # a second a call
+    assert _plan(ks, 3, first, 0.0, None) == (ks, 3)
+    assert _plan(ks, 3, first, 0.0, 30.0) == (ks, 3)  # 6 warm-ups + 24 calls
+    assert _plan(ks, 3, first, 0.0, 22.0) == (ks, 2)
+    assert _plan(ks, 3, first, 0.0, 10.0) == ([1, 3, 6, 12, 16], 1)  # 3 warm-ups + 5 calls
+    assert _plan(ks, 3, first, 0.0, 4.0) == ([1, 6, 16], 1)
+    assert _plan(ks, 3, first, 0.0, 0.5) == ([1, 16], 1)
+
+
+def test_the_calibration_table_marks_interpolated_sizes(tmp_path):
+    from rich.console import Console
+
+    from specmlx.cli.display import calibration_view
+
+    profile = CostProfile(0.1, None, {1: 1.0, 2: 1.1, 4: 1.3}, interpolated=(2,))
+    console = Console(record=True, width=100)
+    console.print(calibration_view(profile, True, tmp_path / "c.json"))
+    text = console.export_text()
+    assert "1.10 (interpolated)" in text and "1.30 (interpolated)" not in text
+    assert CostProfile(0.1, None, {1: 1.0}).as_dict()["interpolated"] == []

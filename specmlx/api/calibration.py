@@ -12,6 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,11 @@ from specmlx.engine.costs import CostProfile, measure_costs
 from specmlx.io.files import write_atomic
 
 CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
+# Seconds a calibration should take: where calls are slow (a 4-bit target on a CPU: seconds
+# a call), fewer repetitions and sizes, the others interpolated.
+CALIBRATION_BUDGET = 30.0
+# A calibration expected to take longer than this shows a progress bar.
+BAR_AFTER = 2.0
 # Bumped whenever `measure_costs` measures differently, so old figures are measured again.
 MEASUREMENT = 3
 
@@ -63,9 +71,15 @@ def cache_file(key: dict[str, Any]) -> Path:
 
 
 def load_or_measure(
-    models: Any, with_draft: bool, *, force: bool = False
+    models: Any,
+    with_draft: bool,
+    *,
+    force: bool = False,
+    budget: float = CALIBRATION_BUDGET,
+    progress: bool = True,
 ) -> tuple[CostProfile, bool]:
-    """The cached profile for this combination, or a fresh measurement; and whether fresh."""
+    """The cached profile for this combination, or a fresh measurement within about
+    `budget` seconds (a progress bar on stderr where it takes a while); and whether fresh."""
     key = calibration_key(models, with_draft)
     path = cache_file(key)
     if not force and path.exists():
@@ -75,12 +89,41 @@ def load_or_measure(
                 return _profile(data["profile"]), False
         except (OSError, ValueError, KeyError):
             pass  # unreadable: measure again
-    profile = measure_costs(
-        models.target, models.draft if with_draft else None, CALIBRATION_KS, reps=3
-    )
+    with _calibration_bar(progress) as on_call:
+        profile = measure_costs(
+            models.target,
+            models.draft if with_draft else None,
+            CALIBRATION_KS,
+            reps=3,
+            budget=budget,
+            on_call=on_call,
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"key": key, "profile": profile.as_dict()}, indent=2))
     return profile, True
+
+
+@contextmanager
+def _calibration_bar(enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """`measure_costs`'s `on_call`: a bar opened once the calls left look like taking more
+    than BAR_AFTER seconds (a fast calibration shows nothing)."""
+    from specmlx.progress import progress_bar
+
+    start = time.perf_counter()
+    with ExitStack() as stack:
+        bar, seen = None, 0
+
+        def on_call(done: int, total: int) -> None:
+            nonlocal bar, seen
+            elapsed = time.perf_counter() - start
+            if bar is None and enabled and done and elapsed / done * (total - done) > BAR_AFTER:
+                bar = stack.enter_context(progress_bar(True, "calibrating", total, done))
+            elif bar is not None:
+                for _ in range(done - seen):
+                    bar.advance()
+            seen = done
+
+        yield on_call
 
 
 def _profile(data: dict[str, Any]) -> CostProfile:
@@ -88,4 +131,5 @@ def _profile(data: dict[str, Any]) -> CostProfile:
         target_call_seconds=data["target_call_seconds"],
         draft_call_seconds=data["draft_call_seconds"],
         v={int(k): r for k, r in data["v"].items()},
+        interpolated=tuple(data.get("interpolated", ())),
     )

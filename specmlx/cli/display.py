@@ -124,5 +124,8 @@ def calibration_view(profile: CostProfile, fresh: bool, where: Path) -> Group:
         lines.append(_printed(f"one-token draft call: {draft_ms:.1f} ms (c = {profile.c:.3f})"))
     table = Table("k", "k-token target call / one-token call")
     for k_tokens, ratio in sorted(profile.v.items()):
-        table.add_row(str(k_tokens), f"{ratio:.2f}")
+        mark = " (interpolated)" if k_tokens in profile.interpolated else ""
+        table.add_row(str(k_tokens), f"{ratio:.2f}{mark}")
+    if profile.interpolated:
+        table.caption = "interpolated: not timed, to keep within the time budget (--budget)"
     return Group(*lines, table)

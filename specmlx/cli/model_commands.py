@@ -72,6 +72,14 @@ def models() -> None:
 def calibrate(
     method: MethodOpt = None,
     force: Annotated[bool, typer.Option(help="Measure again even if cached.")] = False,
+    budget: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds the measurement should take: where calls are slow, fewer "
+            "repetitions and sizes (the others interpolated, marked in the table).",
+        ),
+    ] = 30.0,
     *,
     opts: ModelRefs,
 ) -> None:
@@ -85,7 +93,6 @@ def calibrate(
     # k=1: the costs are measured below, not by load_models (once, and with --force if asked).
     models = load_models(opts, GenerationConfig(method=method, k=1))
     with_draft = models.draft is not None
-    with Console(stderr=True).status("calibrating…"):
-        profile, fresh = load_or_measure(models, with_draft, force=force)
+    profile, fresh = load_or_measure(models, with_draft, force=force, budget=budget)
     where = cache_file(calibration_key(models, with_draft))
     Console().print(calibration_view(profile, fresh, where))

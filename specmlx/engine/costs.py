@@ -15,7 +15,7 @@ measurement; adaptive k picks the γ it says is best).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -69,6 +69,8 @@ class CostProfile:
     target_call_seconds: float  # one-token target call
     draft_call_seconds: float | None  # one-token draft call; None without a draft model
     v: dict[int, float]  # k -> k-token target call over a one-token call (v[1] == 1)
+    # Sizes of v not timed (a calibration out of time): interpolated between timed ones.
+    interpolated: tuple[int, ...] = ()
 
     @property
     def c(self) -> float:
@@ -114,6 +116,7 @@ class CostProfile:
             "draft_call_seconds": self.draft_call_seconds,
             "c": self.c,
             "v": {str(k): r for k, r in sorted(self.v.items())},
+            "interpolated": list(self.interpolated),
         }
 
 
@@ -124,6 +127,8 @@ def measure_costs(
     *,
     reps: int = 5,
     context: int = 32,
+    budget: float | None = None,
+    on_call: Callable[[int, int], None] | None = None,
 ) -> CostProfile:
     """Time one-token draft calls and k-token target calls after a short prefill.
 
@@ -136,27 +141,84 @@ def measure_costs(
     shared machine noise only ever adds time, and the loop measures the current speed
     itself (`specmlx.engine.policy.pricing`); the ratios are then made to rise with k
     (`monotone`), since a bigger call never costs less.
+
+    `budget`: seconds the whole measurement should take. The smallest and largest sizes are
+    timed first (their warm-up calls); where the plan would take longer, it takes fewer
+    repetitions (down to one), then fewer sizes (the smallest and largest always), and the
+    sizes left out are interpolated (`CostProfile.interpolated`). `on_call(done, total)`
+    follows the calls.
     """
     ks = sorted(set(ks) | {1})
+    start = time.perf_counter()
     target_seq = _prefilled(target, context)
     draft_seq = _prefilled(draft, context) if draft is not None else None
-    for k in ks:  # warm-up: first calls of a shape pay for allocation
-        _time_call(target_seq, k)
-    if draft_seq is not None:
-        _time_call(draft_seq, 1)
-    target_times: dict[int, list[float]] = {k: [] for k in ks}
+    first = {k: _time_call(target_seq, k) for k in dict.fromkeys([1, ks[-1]])}  # warm-ups
+    draft_first = _time_call(draft_seq, 1) if draft_seq is not None else 0.0
+    left = None if budget is None else budget - (time.perf_counter() - start)
+    timed, reps = _plan(ks, reps, first, draft_first, left)
+    done, total = 0, len(first) + bool(draft_seq) + len(set(timed) - set(first))
+    total += reps * (len(timed) + bool(draft_seq))
+    if on_call is not None:
+        done = len(first) + bool(draft_seq)
+        on_call(done, total)
+
+    def called() -> None:
+        nonlocal done
+        done += 1
+        if on_call is not None:
+            on_call(done, total)
+
+    for k in timed:  # warm-up: first calls of a shape pay for allocation
+        if k not in first:
+            _time_call(target_seq, k)
+            called()
+    target_times: dict[int, list[float]] = {k: [] for k in timed}
     draft_times: list[float] = []
     for _ in range(reps):
-        for k in ks:
+        for k in timed:
             target_times[k].append(_time_call(target_seq, k))
+            called()
         if draft_seq is not None:
             draft_times.append(_time_call(draft_seq, 1))
+            called()
     one = min(target_times[1])
+    v = monotone({k: min(times) / one for k, times in target_times.items()})
+    skipped = tuple(k for k in ks if k not in v)
+    interpolated = CostProfile(one, None, v)
     return CostProfile(
         target_call_seconds=one,
         draft_call_seconds=min(draft_times) if draft_times else None,
-        v=monotone({k: min(times) / one for k, times in target_times.items()}),
+        v={k: v[k] if k in v else interpolated.verify_cost(k) for k in ks},
+        interpolated=skipped,
     )
+
+
+def _plan(
+    ks: list[int], reps: int, first: dict[int, float], draft: float, budget: float | None
+) -> tuple[list[int], int]:
+    """The sizes to time and the repetitions, within `budget` seconds where one is given:
+    each call's time guessed from the warm-ups (a line from the smallest size's to the
+    largest's), fewer repetitions first, then every other size of those in between."""
+    if budget is None:
+        return ks, reps
+    low, high = first[1], first[ks[-1]]
+
+    def guess(k: int) -> float:
+        return low if len(ks) == 1 else low + (high - low) * (k - 1) / (ks[-1] - 1)
+
+    def cost(sizes: list[int], n: int) -> float:
+        warmups = sum(guess(k) for k in sizes if k not in first)
+        return warmups + n * (sum(guess(k) for k in sizes) + draft)
+
+    sizes = list(ks)
+    while True:
+        for n in range(reps, 0, -1):
+            if cost(sizes, n) <= budget:
+                return sizes, n
+        if len(sizes) <= 2:
+            return sizes, 1
+        inner = sizes[1:-1]
+        sizes = [sizes[0], *inner[1::2], sizes[-1]] if len(inner) > 1 else [sizes[0], sizes[-1]]
 
 
 def monotone(v: dict[int, float]) -> dict[int, float]:
