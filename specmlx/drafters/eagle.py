@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import mlx.core as mx
 
-from specmlx.engine.cache import PREFILL_STEP, common_prefix
+from specmlx.drafters.behind import OneBehind
 from specmlx.engine.features import FeatureSpec
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.step import Draft, DrafterTraits, StopRule, Verdict
@@ -86,7 +86,7 @@ def best_tree_size(
     return best_n
 
 
-class EagleDrafter:
+class EagleDrafter(OneBehind):
     """EAGLE-2 dynamic trees from one EAGLE head.
 
     tree_size: most nodes a proposal holds, root included. depth: most levels (tokens on a
@@ -133,18 +133,6 @@ class EagleDrafter:
             max_depth=depth,  # the tree's levels
         )
 
-    def prefill(self, context: list[int], target: TargetSequence) -> None:
-        """Feed every position but the last (whose output `propose` needs), in chunks.
-
-        What an earlier response left in the cache is kept as far as its tokens match.
-        """
-        self.target = target
-        self._reuse(context)
-        end = len(context) - 2
-        while self.n_consumed < end:
-            self._feed(context, min(self.n_consumed + PREFILL_STEP, end))
-            mx.eval(self.cache[0].state)
-
     def propose(
         self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
     ) -> Draft:
@@ -175,32 +163,6 @@ class EagleDrafter:
     def commit(self, verdict: Verdict) -> None:
         """Drop the tree from the cache: the accepted tokens come back with real features."""
         self._rewind(self.n_consumed)
-
-    # -- the cache -------------------------------------------------------------------------
-
-    def _reuse(self, context: list[int]) -> None:
-        """Keep the positions whose tokens `context` still has, at most len(context) - 2 so
-        that a proposal always feeds one (its output is the root's prediction)."""
-        held = len(self._context)
-        same = held if context[:held] == self._context else common_prefix(self._context, context)
-        self._rewind(max(0, min(self.n_consumed, same - 1, len(context) - 2)))
-
-    def _rewind(self, keep: int) -> None:
-        cache = self.cache[0]
-        if cache.offset > keep:
-            cache.trim(cache.offset - keep)  # tree entries, or positions of another context
-        self.n_consumed = keep
-        self._context = self._context[: keep + 1]
-
-    def _feed(self, context: list[int], end: int) -> mx.array:
-        """Feed positions n_consumed..end-1: (f_j, token j+1). # (end - n_consumed, d)"""
-        start = self.n_consumed
-        rows = self.target.feature_rows(start)[: end - start]  # (end - start, F)
-        tokens = mx.array(context[start + 1 : end + 1], mx.uint32)
-        hidden = self.head(rows, tokens, self.cache)
-        self.n_consumed = end
-        self._context = context[: end + 1]
-        return hidden
 
     # -- the tree --------------------------------------------------------------------------
 

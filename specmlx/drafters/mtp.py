@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from specmlx.engine.cache import PREFILL_STEP, common_prefix
+from specmlx.drafters.behind import OneBehind
 from specmlx.engine.features import FeatureSpec
 from specmlx.engine.sampling import SamplingConfig, sample
 from specmlx.engine.step import Draft, DrafterTraits, StopRule, Verdict
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from specmlx.engine.cache import Sequence as TargetSequence
 
 
-class MtpDrafter:
+class MtpDrafter(OneBehind):
     """Chains of k tokens from the target's MTP layer, applied recursively.
 
     features: what the target keeps for it (`specmlx.heads.mtp.target_features`); post_norm:
@@ -69,18 +69,6 @@ class MtpDrafter:
             token_cost=token_cost,
         )
 
-    def prefill(self, context: list[int], target: TargetSequence) -> None:
-        """Feed every position but the last (whose output `propose` needs), in chunks.
-
-        What an earlier response left in the cache is kept as far as its tokens match.
-        """
-        self.target = target
-        self._reuse(context)
-        end = len(context) - 2
-        while self.n_consumed < end:
-            self._feed(context, min(self.n_consumed + PREFILL_STEP, end))
-            mx.eval(self.cache[0].state)
-
     def propose(
         self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
     ) -> Draft:
@@ -107,27 +95,3 @@ class MtpDrafter:
     def commit(self, verdict: Verdict) -> None:
         """Drop the drafted positions: the kept tokens come back with the target's states."""
         self._rewind(self.n_consumed)
-
-    def _reuse(self, context: list[int]) -> None:
-        """Keep the positions whose tokens `context` still has, at most len(context) - 2 so
-        that a proposal always feeds one (its output is the first draft's)."""
-        held = len(self._context)
-        same = held if context[:held] == self._context else common_prefix(self._context, context)
-        self._rewind(max(0, min(self.n_consumed, same - 1, len(context) - 2)))
-
-    def _rewind(self, keep: int) -> None:
-        cache = self.cache[0]
-        if cache.offset > keep:
-            cache.trim(cache.offset - keep)  # drafted positions, or those of another context
-        self.n_consumed = keep
-        self._context = self._context[: keep + 1]
-
-    def _feed(self, context: list[int], end: int) -> mx.array:
-        """Feed positions n_consumed..end-1: (h_p, token p+1). # (end - n_consumed, H)"""
-        start = self.n_consumed
-        rows = self.target.feature_rows(start)[: end - start]  # (end - start, H)
-        tokens = mx.array(context[start + 1 : end + 1], mx.uint32)
-        hidden = self.head(rows, tokens, self.cache)
-        self.n_consumed = end
-        self._context = context[: end + 1]
-        return hidden
