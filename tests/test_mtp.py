@@ -1,12 +1,15 @@
 """`--method mtp`: the MTP layer of the target's own checkpoint, on tiny Qwen3.5,
-Qwen3-Next and MiMo targets written in the released layouts (`tests.tiny_mtp`).
+Qwen3-Next, MiMo and DeepSeek-V3 targets written in the released layouts (`tests.tiny_mtp`,
+`tests.tiny_deepseek`).
 
 Its forward pass is checked against a numpy re-implementation of the reference (vLLM's
 `Qwen3NextMultiTokenPredictor`: zero-centred norms, fc over [embedding, hidden], one
-full-attention block, the final norm, the target's LM head; MiMo's `MiMoMTPLayers`); the
-loop's properties hold with it (greedy equals plain decoding token for token; a χ² test at
-T = 1 with top-p); -k auto prices it and falls back where it does not pay; a bad checkpoint
-is a one-line error naming the tensor; and the CLI runs it as a user would.
+full-attention block, the final norm, the target's LM head; MiMo's `MiMoMTPLayers`;
+vLLM's `DeepSeekMultiTokenPredictorLayer`: enorm / hnorm, eh_proj, an MLA + MoE block,
+shared_head); the loop's properties hold with it (greedy equals plain decoding token for
+token; a χ² test at T = 1 with top-p); -k auto prices it and falls back where it does not
+pay; a bad checkpoint is a one-line error naming the tensor; and the CLI runs it as a user
+would.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 from specmlx.api.config import GenerationConfig
@@ -31,6 +35,8 @@ from specmlx.engine.features import backbone
 from specmlx.engine.sampling import SamplingConfig, warp
 from specmlx.heads.mtp import FAMILIES, _converted, load_mtp, target_features
 from tests.tiny import ARCHS
+from tests.tiny_deepseek import DEEPSEEK, MTP, make_deepseek_dir, mtp_layers_dropped
+from tests.tiny_deepseek import released_mtp as released_deepseek_mtp
 from tests.tiny_hybrid import TEXT, make_hybrid_dir
 from tests.tiny_mtp import (
     MIMO,
@@ -44,6 +50,14 @@ from tests.tiny_mtp import (
 KINDS = ("qwen3_5", "qwen3_next")
 PROMPT = "The quick brown fox jumps over"
 runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _deepseek_next_n_layers_dropped():
+    """mlx-lm drops DeepSeek-V3's next-n layer by V3's index (61) alone: the tiny targets'
+    (index 2) too, while this module loads them."""
+    with mtp_layers_dropped():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +83,13 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     out["mimo-close"] = damp(
         make_mimo_dir(root / "mimo-close", released_mimo_mtp(bigram=True)), 0.05
     )
+    # DeepSeek-V3: the layer's own embedding and LM head (here unlike the target's), or none.
+    out["deepseek"] = make_deepseek_dir(root / "ds", 1, released_deepseek_mtp(3))
+    out["deepseek-shared"] = make_deepseek_dir(
+        root / "ds-shared", 1, released_deepseek_mtp(3, own=False)
+    )
+    close = released_deepseek_mtp(own=False, bigram=True)
+    out["deepseek-close"] = damp(make_deepseek_dir(root / "ds-close", 1, close), 0.05)
     return out
 
 
@@ -106,6 +127,18 @@ REFERENCE = {
         shift=0.0,
         hidden_first=True,
         gated=False,
+    ),
+    "deepseek": dict(
+        names={
+            MTP + "enorm.": "embed_norm.",
+            MTP + "hnorm.": "hidden_norm.",
+            MTP + "eh_proj.": "fc.",
+            MTP + "shared_head.norm.": "norm.",
+            MTP + "shared_head.head.": "own_head.",
+            MTP + "embed_tokens.": "own_embed.",
+            MTP: "layer.",
+        },
+        config=DEEPSEEK,
     ),
 }
 
@@ -158,6 +191,8 @@ def reference_mtp(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The MTP rows (h_p, t_{p+1}) at positions 0..n-1, one causal pass: the output after
     the final norm, and the logits. hidden # (n, H); tokens # (n,)"""
+    if family == "deepseek":
+        return reference_deepseek_mtp(t, c, hidden, tokens)
     ref = REFERENCE[family]
     eps, hd = c["rms_norm_eps"], c["head_dim"]
     heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
@@ -206,6 +241,79 @@ def reference_mtp(
     return out, out @ t["lm_head"].T
 
 
+def _rope_pairs(x: np.ndarray, positions: np.ndarray, base: float) -> np.ndarray:
+    """Rotary embedding of channel pairs (2i, 2i + 1), as DeepSeek's (HF de-interleaves
+    them first, which permutes q and k alike). x # (n, heads, d)"""
+    d = x.shape[-1]
+    angles = positions[:, None, None] * base ** (-np.arange(0, d, 2) / d)  # (n, 1, d / 2)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = even * np.cos(angles) - odd * np.sin(angles)
+    out[..., 1::2] = odd * np.cos(angles) + even * np.sin(angles)
+    return out
+
+
+def _mla(x: np.ndarray, t: dict[str, np.ndarray], c: dict) -> np.ndarray:
+    """DeepSeek-V3's multi-head latent attention, causal, positions 0..n-1, as HF's
+    DeepseekV3Attention (kv_b_proj whole; the low-rank norms' eps 1e-6). x # (n, H)"""
+    a, n, heads = "layer.self_attn.", x.shape[0], c["num_attention_heads"]
+    nope, rope, v_dim = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    q = _rms(x @ t[a + "q_a_proj.weight"].T, t[a + "q_a_layernorm.weight"], 1e-6)
+    q = (q @ t[a + "q_b_proj.weight"].T).reshape(n, heads, nope + rope)
+    latent, k_pe = np.split(x @ t[a + "kv_a_proj_with_mqa.weight"].T, [c["kv_lora_rank"]], -1)
+    latent = _rms(latent, t[a + "kv_a_layernorm.weight"], 1e-6)
+    kv = (latent @ t[a + "kv_b_proj.weight"].T).reshape(n, heads, nope + v_dim)
+    positions = np.arange(n, dtype=np.float64)
+    q_pe = _rope_pairs(q[..., nope:], positions, c["rope_theta"])
+    k_pe = _rope_pairs(k_pe[:, None, :], positions, c["rope_theta"])[:, 0]  # (n, rope): shared
+    scores = np.einsum("qhd,khd->hqk", q[..., :nope], kv[..., :nope])
+    scores = (scores + np.einsum("qhd,kd->hqk", q_pe, k_pe)) / np.sqrt(nope + rope)
+    scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)  # (heads, n, n)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    attn = np.einsum("hqk,khd->qhd", weights, kv[..., nope:]).reshape(n, -1)
+    return attn @ t[a + "o_proj.weight"].T
+
+
+def _deepseek_moe(x: np.ndarray, t: dict[str, np.ndarray], c: dict) -> np.ndarray:
+    """DeepseekV3MoE: sigmoid router, experts picked by score + correction bias within the
+    best topk_group of n_group groups (a group scored by its two best), weighted by their
+    plain scores (normalised) times routed_scaling_factor; plus the shared experts."""
+    m, n, groups = "layer.mlp.", x.shape[0], c["n_group"]
+    scores = 1.0 / (1.0 + np.exp(-(x @ t[m + "gate.weight"].T)))  # (n, experts)
+    choice = (scores + t[m + "gate.e_score_correction_bias"]).reshape(n, groups, -1)
+    group_scores = np.sort(choice, -1)[..., -2:].sum(-1)  # (n, groups)
+    for i, weakest in enumerate(np.argsort(group_scores, -1)[:, : groups - c["topk_group"]]):
+        choice[i, weakest] = 0.0
+    choice = choice.reshape(n, -1)
+    out = np.zeros_like(x)
+    for i in range(n):
+        top = np.argsort(-choice[i])[: c["num_experts_per_tok"]]
+        weights = scores[i, top] / (scores[i, top].sum() if c["norm_topk_prob"] else 1.0)
+        for e, weight in zip(top, weights * c["routed_scaling_factor"], strict=True):
+            out[i] += weight * _mlp(x[i], t, m + f"experts.{e}.")
+    return out + _mlp(x, t, m + "shared_experts.")
+
+
+def reference_deepseek_mtp(
+    t: dict[str, np.ndarray], c: dict, hidden: np.ndarray, tokens: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """vLLM's DeepSeekMultiTokenPredictorLayer (without its zeroed position 0): eh_proj over
+    [enorm(embedding), hnorm(hidden)], the decoder block, shared_head.norm, shared_head.head;
+    the layer's own embedding and head where the checkpoint has them."""
+    eps = c["rms_norm_eps"]
+    embed, head = t.get("own_embed.weight", t["embed"]), t.get("own_head.weight", t["lm_head"])
+    parts = [
+        _rms(embed[tokens], t["embed_norm.weight"], eps),
+        _rms(hidden, t["hidden_norm.weight"], eps),
+    ]
+    x = np.concatenate(parts, -1) @ t["fc.weight"].T  # (n, H)
+    h1 = x + _mla(_rms(x, t["layer.input_layernorm.weight"], eps), t, c)
+    y = h1 + _deepseek_moe(_rms(h1, t["layer.post_attention_layernorm.weight"], eps), t, c)
+    out = _rms(y, t["norm.weight"], eps)
+    return out, out @ head.T
+
+
 def _checkpoint(folder: Path, family: str) -> dict[str, np.ndarray]:
     """The MTP tensors under the reference's names, the embedding and the LM head."""
     raw = mx.load(str(folder / "model.safetensors"))
@@ -216,13 +324,14 @@ def _checkpoint(folder: Path, family: str) -> dict[str, np.ndarray]:
             t[REFERENCE[family]["names"][prefix] + name[len(prefix) :]] = np.array(
                 value, np.float64
             )
-    embed = next(n for n in raw if n.endswith("embed_tokens.weight"))
+    mtp = tuple(REFERENCE[family]["names"])
+    embed = next(n for n in raw if n.endswith("embed_tokens.weight") and not n.startswith(mtp))
     t["embed"] = np.array(raw[embed], dtype=np.float64)
     t["lm_head"] = np.array(raw["lm_head.weight"], dtype=np.float64)
     return t
 
 
-@pytest.mark.parametrize("kind", [*KINDS, "mimo"])
+@pytest.mark.parametrize("kind", [*KINDS, "mimo", "deepseek", "deepseek-shared"])
 def test_forward_matches_the_numpy_reference(dirs, kind):
     """The module's logits over a prompt's rows, then the drafter's chain (the layer applied
     to its own normed output), against the reference."""
@@ -232,7 +341,7 @@ def test_forward_matches_the_numpy_reference(dirs, kind):
     hidden = backbone(target)(mx.array(ids)[None])[0]  # (n, H) after the final norm
     y = head(hidden[:-1], mx.array(ids[1:]), head.make_cache())
     logits = head.logits(head.norm(y))
-    family = "mimo" if kind == "mimo" else "qwen"
+    family = next((f for f in ("mimo", "deepseek") if kind.startswith(f)), "qwen")
     t, c = _checkpoint(dirs[kind], family), REFERENCE[family]["config"] or TEXT[kind]
     h = np.array(hidden, dtype=np.float64)
     out, expected = reference_mtp(t, family, c, h[:-1], np.array(ids[1:]))
@@ -323,7 +432,7 @@ def _tokens(models, config: GenerationConfig, ids: list[int]) -> tuple[list[int]
     return out, accepted, session
 
 
-@pytest.mark.parametrize("kind", [*KINDS, "mimo"])
+@pytest.mark.parametrize("kind", [*KINDS, "mimo", "deepseek"])
 @pytest.mark.parametrize("hidden", ["post-norm", "pre-norm"])
 def test_greedy_mtp_equals_plain_decoding(dirs, kind, hidden):
     models = load(str(dirs[f"{kind}-close"]), progress=False)
@@ -434,6 +543,7 @@ def _one_line_error(*args: str) -> str:
         ("expert", "lacks MTP tensor mtp.layers.0.mlp.experts.3.up_proj.weight"),
         ("mimo", "lacks MTP tensor model.mtp_layers.0.self_attn.q_proj.bias"),
         ("layers", "has 2 MTP layers"),
+        ("fp8", "FP8 MTP tensors (mtp.fc.weight_scale_inv) are not supported"),
     ],
 )
 def test_a_bad_mtp_checkpoint_is_a_one_line_error_naming_the_tensor(tmp_path, change, needle):
@@ -453,6 +563,8 @@ def test_a_bad_mtp_checkpoint_is_a_one_line_error_naming_the_tensor(tmp_path, ch
         tensors["mtp.fc.weight"] = tensors["mtp.fc.weight"][:, :64]
     elif change == "extra":
         tensors["mtp.layers.0.mlp.shared_expert_gate.weight"] = mx.zeros((1, 64))
+    elif change == "fp8":
+        tensors["mtp.fc.weight_scale_inv"] = mx.ones((1, 1))
     else:
         del tensors["mtp.layers.0.mlp.experts.3.up_proj.weight"]
     folder = make_hybrid_dir(tmp_path / change, kind, seed=1, extra_tensors=tensors)
@@ -462,3 +574,73 @@ def test_a_bad_mtp_checkpoint_is_a_one_line_error_naming_the_tensor(tmp_path, ch
 def test_mtp_without_mtp_tensors_is_a_one_line_error(dirs):
     line = _one_line_error("--target", str(dirs["plain"]), "--method", "mtp", "-k", "2")
     assert "needs the MTP tensors (mtp.*)" in line
+
+
+# --- DeepSeek-V3's next-n layer ---------------------------------------------------------------
+
+
+def test_fp8_next_n_tensors_are_dequantized_as_the_backbone_s(dirs, tmp_path):
+    """A release's FP8 weights (each with its weight_scale_inv over 128 x 128 blocks) load
+    as the target's own sanitize dequantizes the backbone's: the same module as their
+    values written plainly."""
+    target, _ = mlx_lm.load(str(dirs["deepseek"]))
+    fp8, plain = released_deepseek_mtp(3), released_deepseek_mtp(3)
+    for name in (MTP + "self_attn.q_a_proj.weight", MTP + "mlp.experts.1.gate_proj.weight"):
+        fp8[name] = mx.to_fp8(plain[name] * 4.0)
+        fp8[name + "_scale_inv"] = mx.full((1, 1), 0.25)
+        plain[name] = mx.from_fp8(fp8[name], dtype=mx.float32) * 0.25  # exact: a power of 2
+    heads = [
+        load_mtp(make_deepseek_dir(tmp_path / kind, 1, tensors), target)
+        for kind, tensors in (("fp8", fp8), ("plain", plain))
+    ]
+    for a, b in zip(*(tree_flatten(h.parameters()) for h in heads), strict=True):
+        assert a[0] == b[0] and mx.array_equal(a[1], b[1]), a[0]
+
+
+def test_cli_generate_with_deepseek_mtp(dirs):
+    """`--method mtp` on a DeepSeek-V3 release folder: token for token the plain greedy
+    output, drafts kept; mtp is the default method there."""
+    target = str(dirs["deepseek-close"])
+    plain = _generate("--target", target, "--method", "none")
+    spec = _generate("--target", target, "--method", "mtp", "-k", "3")
+    assert spec["token_ids"] == plain["token_ids"] and spec["method"] == "mtp"
+    assert spec["stats"]["accepted"] > 0
+    assert _generate("--target", target, "-k", "2")["method"] == "mtp"
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ("missing", f"lacks MTP tensor {MTP}self_attn.kv_a_layernorm.weight"),
+        ("shape", f"MTP tensor {MTP}eh_proj.weight has shape (64, 64)"),
+        ("kv_b", f"MTP tensor {MTP}self_attn.kv_b_proj.weight has shape (128, 16)"),
+        ("no kv_b", f"lacks MTP tensor {MTP}self_attn.kv_b_proj.weight"),
+        ("expert", f"lacks MTP tensor {MTP}mlp.experts.3.up_proj.weight"),
+        ("expert shape", f"MTP tensor {MTP}mlp.experts.2.down_proj.weight has shape (64, 16)"),
+        ("head", f"MTP tensor {MTP}shared_head.head.weight has shape (320, 32)"),
+        ("layers", "has 2 MTP layers"),
+    ],
+)
+def test_a_bad_next_n_layer_is_a_one_line_error_naming_the_tensor(tmp_path, change, needle):
+    tensors, overrides = released_deepseek_mtp(), {}
+    if change == "missing":
+        del tensors[MTP + "self_attn.kv_a_layernorm.weight"]
+    elif change == "shape":
+        tensors[MTP + "eh_proj.weight"] = tensors[MTP + "eh_proj.weight"][:, :64]
+    elif change == "kv_b":
+        tensors[MTP + "self_attn.kv_b_proj.weight"] = tensors[MTP + "self_attn.kv_b_proj.weight"][
+            :, :16
+        ]
+    elif change == "no kv_b":
+        del tensors[MTP + "self_attn.kv_b_proj.weight"]
+    elif change == "expert":
+        del tensors[MTP + "mlp.experts.3.up_proj.weight"]
+    elif change == "expert shape":
+        name = MTP + "mlp.experts.2.down_proj.weight"
+        tensors[name] = tensors[name][:, :16]
+    elif change == "head":
+        tensors[MTP + "shared_head.head.weight"] = tensors[MTP + "shared_head.head.weight"][:, :32]
+    else:
+        overrides["num_nextn_predict_layers"] = 2
+    folder = make_deepseek_dir(tmp_path / "ds", 1, tensors, **overrides)
+    assert needle in _one_line_error("--target", str(folder), "--method", "mtp", "-k", "2")
