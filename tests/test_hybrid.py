@@ -149,7 +149,8 @@ def test_rewound_caches_equal_a_fresh_prefill(loaded, kind):
         ours, theirs = held(seq), held(fresh)
         assert len(ours) == len(theirs) > 0
         for a, b in zip(ours, theirs, strict=True):
-            assert a.shape == b.shape and mx.allclose(a, b, rtol=1e-5, atol=1e-5).item()
+            # Not bit for bit: OpenBLAS rounds a 4-token call and a prefill differently.
+            assert a.shape == b.shape and mx.allclose(a, b, rtol=1e-4, atol=1e-4).item()
     assert rejected > 0
 
 

@@ -56,7 +56,9 @@ def test_after_any_rewind_the_state_is_a_fresh_prefill_s(model, kept):
     assert seq.tokens == [*context[:-1], *[context[-1], 7, 9, 11, 13][:kept], 17, 19]
     for ours, theirs in zip(held(seq), held(fresh), strict=True):
         assert ours.shape == theirs.shape
-        assert mx.array_equal(ours, theirs).item()  # bit for bit
+        # Bit for bit on the reference BLAS; OpenBLAS rounds a 3-token call and a prefill of
+        # 23 differently (~1e-6), in the attention layers as much as in the recurrent ones.
+        assert mx.allclose(ours, theirs, rtol=1e-4, atol=1e-5).item()
 
 
 def test_replay_still_rewinds_when_asked_to(model, monkeypatch):

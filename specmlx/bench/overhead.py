@@ -1,7 +1,8 @@
 """specmlx's own cost per step: host time and host syncs, with the models' time taken away.
 
 `measure_overhead` runs every method (the target alone, the draft model, prompt lookup,
-lookahead, Medusa and EAGLE heads) at each k asked for, fixed or adaptive, through the one loop
+lookahead, Medusa and EAGLE heads, suffix decoding and its hybrids; not MTP, whose layer
+comes from a checkpoint on disk) at each k asked for, fixed or adaptive, through the one loop
 (`specmlx.engine.decode.decode`) on tiny random-weight llamas built in-process
 (`specmlx.testing.tiny_models`: hidden 64, 2 layers, a vocabulary of 512; the draft model is a
 second one, other weights, same vocabulary; the heads have small random weights, their trees a
@@ -66,7 +67,7 @@ def measure_overhead(
     seed: int = 0,
     models: Models | None = None,
 ) -> tuple[OverheadRow, ...]:
-    """Every method of `methods` (all by default) at every k of `ks` (None: auto), greedy,
+    """Every method of `methods` (all but mtp by default) at every k of `ks` (None: auto), greedy,
     `max_tokens` tokens after a repetitive prompt of `prompt_tokens` ids (so prompt lookup
     and lookahead find drafts). The target alone runs once, at k = 0. Each row first runs
     `warmup` unmeasured generations."""
@@ -77,7 +78,8 @@ def measure_overhead(
     # calibration of their own in the user's cache.
     profile = measure_costs(models.target, models.draft, CALIBRATION_KS, reps=3)
     rows = []
-    for method in methods or list(METHODS):
+    # mtp reads the MTP layer of a checkpoint on disk, which the tiny models are not.
+    for method in methods or [m for m in METHODS if m != "mtp"]:
         for k in (0,) if method == "none" else dict.fromkeys(ks):
             # k 0 (the target alone) needs none: without a drafter the policy plans k = 0.
             # Fixed trees for heads: sizing them from costs would need a calibration of the
