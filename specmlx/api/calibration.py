@@ -28,7 +28,7 @@ from specmlx.io.files import write_atomic
 CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
 # Seconds a calibration should take: where calls are slow (a 4-bit target on a CPU: seconds
 # a call), fewer repetitions and sizes, the others interpolated.
-CALIBRATION_BUDGET = 30.0
+CALIBRATION_BUDGET = 60.0
 # A calibration expected to take longer than this shows a progress bar.
 BAR_AFTER = 2.0
 # Bumped whenever `measure_costs` measures differently, so old figures are measured again.

@@ -79,7 +79,7 @@ def calibrate(
             help="Seconds the measurement should take: where calls are slow, fewer "
             "repetitions and sizes (the others interpolated, marked in the table).",
         ),
-    ] = 30.0,
+    ] = 60.0,
     *,
     opts: ModelRefs,
 ) -> None:
