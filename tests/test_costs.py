@@ -181,3 +181,27 @@ def test_the_calibration_table_marks_interpolated_sizes(tmp_path):
     text = console.export_text()
     assert "1.10 (interpolated)" in text and "1.30 (interpolated)" not in text
     assert CostProfile(0.1, None, {1: 1.0}).as_dict()["interpolated"] == []
+
+
+def test_a_slow_calibration_shows_a_bar_and_a_fast_one_does_not(monkeypatch):
+    from contextlib import contextmanager
+
+    import specmlx.progress
+    from specmlx.api import calibration
+
+    opened, clock = [], [0.0]
+
+    @contextmanager
+    def bar(enabled, description, total, completed=0):
+        opened.append((description, total, completed))
+        yield type("Bar", (), {"advance": lambda self, info="": opened.append("+1")})()
+
+    monkeypatch.setattr(specmlx.progress, "progress_bar", bar)
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+    for seconds_a_call, expected in ((0.01, []), (1.0, [("calibrating", 10, 3), "+1", "+1"])):
+        opened.clear()
+        with calibration._calibration_bar(True) as on_call:
+            for done in (3, 4, 5):
+                clock[0] += seconds_a_call * (3 if done == 3 else 1)
+                on_call(done, 10)
+        assert opened == expected
