@@ -13,9 +13,8 @@ from typing import Any
 import mlx.nn as nn
 
 from specmlx.api.config import GenerationConfig, method_of
-from specmlx.api.methods import METHODS, check_target
+from specmlx.api.methods import METHODS, check_trees
 from specmlx.api.models import Models
-from specmlx.engine.cache import Sequence
 from specmlx.errors import SpecmlxError, UsageError
 
 
@@ -118,7 +117,7 @@ def load_for(
     with stage("loading models…"):
         models = load(target, draft, heads=heads, default_draft=default_draft)
     used = method_of(models, config)
-    check_target(used, Sequence(models.target))  # a refused method costs no calibration
+    check_trees(used, models.target)  # a refused method costs no calibration
     if config.k is None and used.name != "none":
         from specmlx.api.calibration import load_or_measure
 

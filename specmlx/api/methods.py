@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     import mlx.nn as nn
 
     from specmlx.api.models import Models
-    from specmlx.engine.cache import Sequence
     from specmlx.engine.step import Drafter
 
 
@@ -244,6 +243,7 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
 
 def _suffix(models: Models, options: SuffixOptions, fallback: Drafter | None = None) -> Drafter:
     from specmlx.drafters.suffix import SuffixDrafter
+    from specmlx.engine.cache import takes_trees
 
     cap, verify_cost = options.tree_size or MAX_TREE, None
     if options.tree_size is None:
@@ -256,15 +256,8 @@ def _suffix(models: Models, options: SuffixOptions, fallback: Drafter | None = N
         verify_cost=verify_cost,
         fallback=fallback,
         min_score=options.min_score,
-        chains=not _takes_trees(models.target),
+        chains=not takes_trees(models.target),
     )
-
-
-def _takes_trees(model: nn.Module) -> bool:
-    """Whether one call of the model can verify a token tree: no recurrent layer."""
-    from specmlx.engine.cache import make_cache
-
-    return all(c.is_trimmable() for c in make_cache(model))
 
 
 def _suffix_draft(models: Models, options: SuffixOptions) -> Drafter:
@@ -440,11 +433,13 @@ def takers_of(options: MethodOptions | type) -> list[Method]:
     return [m for m in METHODS.values() if m.options is kind]
 
 
-def check_target(used: Method, target: Sequence) -> None:
+def check_trees(used: Method, target: nn.Module) -> None:
     """Refuse, before anything runs, a tree method on a target with recurrent layers (Gated
     DeltaNet, SSM: a cache that can't be trimmed). Such a layer runs a call's tokens in
     order through one state, so it cannot score a tree's branches side by side."""
-    if used.drafts_trees and not used.chains_if_needed and not target.trimmable:
+    from specmlx.engine.cache import takes_trees
+
+    if used.drafts_trees and not used.chains_if_needed and not takes_trees(target):
         chains = [
             m.name
             for m in METHODS.values()

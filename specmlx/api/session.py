@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import mlx.core as mx
 
 from specmlx.api.config import GenerationConfig, method_of, options_of
-from specmlx.api.methods import check_target
+from specmlx.api.methods import check_trees
 from specmlx.api.models import CostKey, Models
 from specmlx.engine.cache import Sequence
 from specmlx.engine.costs import CostProfile
@@ -62,7 +62,7 @@ class Session:
         self.options = options_of(models, config)
         self.profile = profile
         self.target = Sequence(models.target)
-        check_target(self.method, self.target)
+        check_trees(self.method, models.target)
         tokenizer = models.tokenizer  # None for the tiny models of `specmlx.testing`
         self.stop_tokens = frozenset(tokenizer.eos_token_ids if tokenizer is not None else ())
         self.drafter: Drafter | None = self.method.build(models, self.options)

@@ -102,6 +102,12 @@ def make_cache(model: nn.Module) -> list[Any]:
     return caches
 
 
+def takes_trees(model: nn.Module) -> bool:
+    """Whether one call of the model can verify a token tree: every cache trims (no
+    recurrent layer)."""
+    return all(c.is_trimmable() for c in make_cache(model))
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
