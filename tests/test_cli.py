@@ -131,7 +131,9 @@ def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(
 
     same_size = CostProfile(0.001, 0.001, {k: 1 + 0.05 * (k - 1) for k in range(1, 17)})
     monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibration, "measure_costs", lambda target, draft, ks, reps, **timing: same_size)
+    monkeypatch.setattr(
+        calibration, "measure_costs", lambda target, draft, ks, reps, **timing: same_size
+    )
     clock = CalibratedClock(same_size)
     monkeypatch.setattr(decode, "time", clock)
     call = llama.Model.__call__
