@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-scripting bench-stock-blas bench-gpu bench-heads bench-heads-qwen heads-vocab heads heads-smollm2 heads-smollm2-eagle1 heads-qwen openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-scripting bench-stock-blas bench-t1 bench-gpu bench-heads bench-heads-qwen heads-vocab heads heads-smollm2 heads-smollm2-eagle1 heads-qwen openblas clean
 
 install: .venv/.installed
 
@@ -50,6 +50,13 @@ bench: models openblas
 	mkdir -p results
 	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
 		-k 1 -k 4 -k 8 -k auto --mlx-lm-k 4 --max-tokens 48 $(call BENCH_OUT,bench)
+
+# Sampling (T=1) on the Qwen pair: the target alone, draft k=4 and -k auto on every suite,
+# 2 prompts x 3 seeds each, interleaved (every row draws from the same seed per prompt).
+bench-t1: models openblas
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench --suite all --limit 2 --temp 1.0 -k 4 -k auto --no-mlx-lm \
+		--repeats 3 --max-tokens 48 $(call BENCH_OUT,bench-t1)
 
 # specmlx's own cost per step (host ms, host syncs) on tiny random models: no real model.
 bench-overhead: install

@@ -128,6 +128,40 @@ def test_plain_baselines_are_matched_against_each_other() -> None:
     }
 
 
+def test_a_greedy_output_that_parts_says_where_and_by_how_much() -> None:
+    """Each prompt whose greedy output is not the target alone's gets the first token that
+    differs and how many of them do (the repeat that parted first), in the JSON and in a
+    list under the Markdown table; matched outputs get neither."""
+    from specmlx.bench.report import as_data
+    from specmlx.bench.summary import divergence
+
+    assert divergence([1, 2, 3, 4], [1, 2, 9, 4]) == (2, 1)
+    assert divergence([1, 2], [1, 2, 3, 4]) == (2, 2)  # a prefix: the missing ones differ
+    draft = RowSpec("draft", 2)
+    config = _synthetic_config((NONE, draft), prompts=2, repeats=2)
+    plain = (5, 6, 7, 8)
+    runs = [measured(NONE, r, [(0, 1, 0.1)] * 3, f"p{i}", plain) for i in (0, 1) for r in (0, 1)]
+    runs += [
+        measured(draft, 0, [(2, 3, 0.1)], "p0", plain),
+        measured(draft, 1, [(2, 3, 0.1)], "p0", (5, 6, 0, 0)),
+        measured(draft, 0, [(2, 3, 0.1)], "p1", (5, 0, 7, 8)),
+        measured(draft, 1, [(2, 3, 0.1)], "p1", plain),
+    ]
+    environment = fake_environment() | {"python": "3", "cpu": "x", "cpu_count": 1}
+    report = build_report(config, runs, environment, None)
+    parted = {(r.row, r.prompt_id): (r.first_difference, r.differing) for r in report.results}
+    assert parted == {
+        (NONE, "p0"): (None, None),
+        (NONE, "p1"): (None, None),
+        (draft, "p0"): (2, 2),
+        (draft, "p1"): (1, 1),
+    }
+    text = markdown(report)
+    assert "- draft k=2 on s/p0: from token 2, 2 of 4 tokens differ" in text
+    assert "- draft k=2 on s/p1: from token 1, 1 of 4 tokens differ" in text
+    validate(as_data(report))
+
+
 def test_rows_join_on_their_key_not_their_name(monkeypatch) -> None:
     """Two rows whose display names collide (and every name changed on the way) still get
     their own runs and the right baseline."""

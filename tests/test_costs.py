@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -205,3 +206,76 @@ def test_a_slow_calibration_shows_a_bar_and_a_fast_one_does_not(monkeypatch):
                 clock[0] += seconds_a_call * (3 if done == 3 else 1)
                 on_call(done, 10)
         assert opened == expected
+
+
+def test_every_size_keeps_the_sizes_and_gives_up_repetitions():
+    from specmlx.engine.costs import _plan
+
+    ks = list(range(1, 17))
+    first = {1: 1.0, 16: 1.0}
+    assert _plan(ks, 3, first, 0.0, 0.5, thin=False) == (ks, 1)
+    assert _plan(ks, 3, first, 0.0, 1000.0, thin=False) == (ks, 3)
+
+
+def test_every_size_measures_again_where_the_cache_interpolated(tiny_dirs, tmp_path, monkeypatch):
+    """A cached profile with sizes left out serves adaptive k, not `--every-size`: that one
+    is measured again, every size timed, and then served from the cache."""
+    import specmlx
+    from specmlx.api import calibration
+
+    monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def measure(target, draft, ks, reps, **timing):
+        calls.append((tuple(ks), timing["every_size"]))
+        skipped = () if timing["every_size"] else (2, 3)
+        return CostProfile(0.1, None, {k: 1.0 + 0.1 * (k - 1) for k in ks}, skipped)
+
+    monkeypatch.setattr(calibration, "measure_costs", measure)
+    models = specmlx.load(str(tiny_dirs["llama"]))
+    kw = {"progress": False}
+    assert calibration.load_or_measure(models, False, **kw)[1]
+    assert not calibration.load_or_measure(models, False, **kw)[1]  # cached
+    profile, fresh = calibration.load_or_measure(models, False, every_size=True, **kw)
+    assert fresh and sorted(profile.v) == list(range(1, 17)) and profile.interpolated == ()
+    assert not calibration.load_or_measure(models, False, every_size=True, **kw)[1]
+    assert not calibration.load_or_measure(models, False, **kw)[1]  # the full curve serves
+    assert calls == [(calibration.CALIBRATION_KS, False), (calibration.EVERY_SIZE, True)]
+
+
+def test_cost_curves_compare_calibrations_in_a_table_and_a_plot(tiny_dirs, tmp_path):
+    """`calibrate --every-size --json` on a tiny pair writes a record that `cost-curves`
+    reads back into a table row (weights, c, v(n)) and a PNG; a file that is not a record,
+    or is missing, is one line."""
+    from typer.testing import CliRunner
+
+    from specmlx.cli import app
+
+    runner = CliRunner(env={"SPECMLX_CACHE_DIR": str(tmp_path)})
+    record = tmp_path / "costs.json"
+    args = ["calibrate", "--target", str(tiny_dirs["llama"]), "--draft"]
+    args += [str(tiny_dirs["llama-draft"]), "--every-size", "--budget", "5"]
+    result = runner.invoke(app, [*args, "--json", str(record)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(record.read_text())
+    assert sorted(map(int, data["profile"]["v"])) == list(range(1, 17))
+    assert data["draft"]["bytes"] > 0
+    assert data["key"]["backend"] != "cpu" or data["key"]["blas"]
+    png, table = tmp_path / "curves.png", tmp_path / "curves.md"
+    args = ["cost-curves", str(record), str(record), "--png", str(png)]
+    result = runner.invoke(app, [*args, "--markdown", str(table)])
+    assert result.exit_code == 0, result.output
+    assert png.read_bytes().startswith(b"\x89PNG")
+    rows = table.read_text().splitlines()
+    assert len(rows) == 4 and rows[2] == rows[3]
+    c = data["profile"]["draft_call_seconds"] / data["profile"]["target_call_seconds"]
+    assert "float32" in rows[2] and f"| {c:.3f} |" in rows[2]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"profile": 3}')
+    for path, needle in (
+        (bad, "not a `specmlx calibrate --json` record"),
+        (tmp_path / "no", "cannot read"),
+    ):
+        result = runner.invoke(app, ["cost-curves", str(path)])
+        assert result.exit_code == 2 and needle in result.output.splitlines()[-1]
+        assert "Traceback" not in result.output

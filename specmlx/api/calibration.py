@@ -26,6 +26,8 @@ from specmlx.engine.costs import CostProfile, measure_costs
 from specmlx.io.files import write_atomic
 
 CALIBRATION_KS = (1, 2, 3, 4, 6, 8, 12, 16)
+# `specmlx calibrate --every-size`: the whole curve, for plots and tables.
+EVERY_SIZE = tuple(range(1, 17))
 # Seconds a calibration should take: where calls are slow (a 4-bit target on a CPU: seconds
 # a call), fewer repetitions and sizes, the others interpolated.
 CALIBRATION_BUDGET = 60.0
@@ -77,26 +79,31 @@ def load_or_measure(
     force: bool = False,
     budget: float = CALIBRATION_BUDGET,
     progress: bool = True,
+    every_size: bool = False,
 ) -> tuple[CostProfile, bool]:
     """The cached profile for this combination, or a fresh measurement within about
-    `budget` seconds (a progress bar on stderr where it takes a while); and whether fresh."""
+    `budget` seconds (a progress bar on stderr where it takes a while); and whether fresh.
+    `every_size`: v(n) timed for every n in 1..16 (a cached profile that interpolated any
+    of them is measured again), the repetitions cut to keep the budget, never the sizes."""
     key = calibration_key(models, with_draft)
     path = cache_file(key)
     if not force and path.exists():
         try:
             data = json.loads(path.read_text())
-            if data["key"] == key:
-                return _profile(data["profile"]), False
+            cached = _profile(data["profile"])
+            if data["key"] == key and (not every_size or _times_every_size(cached)):
+                return cached, False
         except (OSError, ValueError, KeyError):
             pass  # unreadable: measure again
     with _calibration_bar(progress) as on_call:
         profile = measure_costs(
             models.target,
             models.draft if with_draft else None,
-            CALIBRATION_KS,
+            EVERY_SIZE if every_size else CALIBRATION_KS,
             reps=3,
             budget=budget,
             on_call=on_call,
+            every_size=every_size,
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"key": key, "profile": profile.as_dict()}, indent=2))
@@ -124,6 +131,10 @@ def _calibration_bar(enabled: bool) -> Iterator[Callable[[int, int], None]]:
             seen = done
 
         yield on_call
+
+
+def _times_every_size(profile: CostProfile) -> bool:
+    return set(EVERY_SIZE) <= set(profile.v) - set(profile.interpolated)
 
 
 def _profile(data: dict[str, Any]) -> CostProfile:

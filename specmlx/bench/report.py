@@ -177,7 +177,22 @@ def markdown(report: Report) -> str:
     lines.append("|" + "---|" * len(COLUMNS))
     for line in map(record_data, report.summary):
         lines.append("| " + " | ".join(_cell(line[key], fmt) for _, key, fmt in COLUMNS) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + identity_lines(report)) + "\n"
+
+
+def identity_lines(report: Report) -> list[str]:
+    """Under the table, each greedy output that is not the target alone's: where it parts."""
+    parted = [r for r in report.results if r.first_difference is not None]
+    if not parted:
+        return []
+    lines = ["", "Greedy outputs that differ from the target alone's (none's: mlx-lm plain's):", ""]
+    for r in parted:
+        length = max(map(len, r.token_ids))
+        lines.append(
+            f"- {r.row.name} on {r.suite}/{r.prompt_id}: from token {r.first_difference}, "
+            f"{r.differing} of {length} tokens differ"
+        )
+    return lines
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -201,12 +216,12 @@ def to_csv(report: Report) -> str:
     return out.getvalue()
 
 
-def require_matplotlib() -> None:
+def require_matplotlib(option: str = "--plot") -> None:
     """Fail before any work when a plot is asked for and matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install 'specmlx[plot]'") from None
+        raise UsageError(f"{option} needs matplotlib: pip install 'specmlx[plot]'") from None
 
 
 def check_writable(path: Path) -> None:

@@ -24,7 +24,8 @@ Definitions, each over the runs of one (temperature, suite, row):
   pooled `Stats` counts.
 - tokens per call: tokens over target calls.
 - matched (T = 0 only): every prompt's tokens equal the target alone's (`none`), token for
-  token; for `none` itself, equal mlx-lm plain's (None without that row).
+  token; for `none` itself, equal mlx-lm plain's (None without that row). Per prompt, where
+  they do not: the first token that differs and how many differ (the worst repeat).
 - alpha: Leviathan's per-token acceptance α fitted to this run, the α whose expected
   tokens per step E(α, γ) equal the measured tokens per call.
 - predicted speedup: E / (γ·c + v(γ+1)) at that α, with c and v measured on this device.
@@ -67,6 +68,10 @@ class PromptResult:
     drafted: tuple[int, ...]
     matched: bool | None
     token_ids: tuple[tuple[int, ...], ...]
+    # Where not matched: the first differing token (0-based) and the tokens that differ, of
+    # the repeat that differed first; None where matched or not compared.
+    first_difference: int | None = None
+    differing: int | None = None
 
 
 @dataclass(frozen=True)
@@ -192,10 +197,16 @@ def per_prompt(
         # Every row is checked against the target alone; the target alone against mlx-lm's.
         reference_row = MLX_LM_PLAIN if row == NONE else NONE
         reference = groups.get((temperature, suite, prompt_id, reference_row))
-        matched = None
+        matched = worst = None
         if temperature == 0 and reference is not None:
             by_repeat = {m.repeat: m.token_ids for m in reference}
             matched = all(m.token_ids == by_repeat.get(m.repeat) for m in runs)
+            found = [
+                divergence(m.token_ids, by_repeat[m.repeat])
+                for m in runs
+                if m.repeat in by_repeat and m.token_ids != by_repeat[m.repeat]
+            ]
+            worst = min(found) if found else None
         results.append(
             PromptResult(
                 temperature=temperature,
@@ -212,9 +223,21 @@ def per_prompt(
                 drafted=tuple(m.stats.drafted for m in runs),
                 matched=matched,
                 token_ids=tuple(m.token_ids for m in runs),
+                first_difference=worst[0] if worst else None,
+                differing=worst[1] if worst else None,
             )
         )
     return results
+
+
+def divergence(tokens: list[int], reference: list[int]) -> tuple[int, int]:
+    """Where two different outputs part: the first position that differs (the shorter's
+    length where one is a prefix of the other), and how many positions differ (those only
+    one output has count)."""
+    pairs = list(zip(tokens, reference, strict=False))
+    first = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
+    unequal = sum(a != b for a, b in pairs) + abs(len(tokens) - len(reference))
+    return first, unequal
 
 
 def summarize_row(

@@ -62,6 +62,7 @@ for command in (
     batch.batch,
     bench.bench,
     model_commands.calibrate,
+    model_commands.cost_curves,
     serve.serve,
 ):
     app.command()(handles_errors(command))

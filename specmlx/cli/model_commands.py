@@ -80,19 +80,70 @@ def calibrate(
             "repetitions and sizes (the others interpolated, marked in the table).",
         ),
     ] = 60.0,
+    every_size: Annotated[
+        bool,
+        typer.Option(
+            help="Time v(n) for every n in 1..16 (adaptive k times 8 sizes and interpolates); "
+            "the budget then cuts repetitions only."
+        ),
+    ] = False,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the costs and both models' weights here."),
+    ] = None,
     *,
     opts: ModelRefs,
 ) -> None:
     """Measure (or show the cached) call costs adaptive k uses: c and v(k) for k = 1..16."""
+    import json
+
     from rich.console import Console
 
     from specmlx.api.calibration import cache_file, calibration_key, load_or_measure
     from specmlx.api.config import GenerationConfig
+    from specmlx.bench.cost_curves import record
+    from specmlx.bench.report import check_writable
     from specmlx.cli.display import calibration_view
+    from specmlx.io.files import write_atomic
 
+    if json_path is not None:
+        check_writable(json_path)
     # k=1: the costs are measured below, not by load_models (once, and with --force if asked).
     models = load_models(opts, GenerationConfig(method=method, k=1))
     with_draft = models.draft is not None
-    profile, fresh = load_or_measure(models, with_draft, force=force, budget=budget)
-    where = cache_file(calibration_key(models, with_draft))
-    Console().print(calibration_view(profile, fresh, where))
+    profile, fresh = load_or_measure(
+        models, with_draft, force=force, budget=budget, every_size=every_size
+    )
+    key = calibration_key(models, with_draft)
+    Console().print(calibration_view(profile, fresh, cache_file(key)))
+    if json_path is not None:
+        write_atomic(json_path, json.dumps(record(models, with_draft, profile, key), indent=2))
+
+
+def cost_curves(
+    files: Annotated[
+        list[Path], typer.Argument(help="Records written by `specmlx calibrate --json`.")
+    ],
+    png: Annotated[Path | None, typer.Option(help="Draw v(n) of every record here.")] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(help="Write the table here (else it is printed).")
+    ] = None,
+) -> None:
+    """Compare calibrations (dtypes, BLAS, machines): v(n) per record, one plot and table."""
+    from specmlx.bench import cost_curves as curves
+    from specmlx.bench.report import check_writable, require_matplotlib
+    from specmlx.io.files import write_atomic
+
+    for path in (png, markdown):
+        if path is not None:
+            check_writable(path)
+    if png is not None:
+        require_matplotlib("--png")
+    records = curves.load_records(files)
+    table = curves.to_markdown(records)
+    if png is not None:
+        write_atomic(png, curves.plot_png(records))
+    if markdown is not None:
+        write_atomic(markdown, table)
+    else:
+        typer.echo(table, nl=False)

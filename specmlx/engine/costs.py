@@ -129,6 +129,7 @@ def measure_costs(
     context: int = 32,
     budget: float | None = None,
     on_call: Callable[[int, int], None] | None = None,
+    every_size: bool = False,
 ) -> CostProfile:
     """Time one-token draft calls and k-token target calls after a short prefill.
 
@@ -145,8 +146,8 @@ def measure_costs(
     `budget`: seconds the whole measurement should take. The smallest and largest sizes are
     timed first (their warm-up calls); where the plan would take longer, it takes fewer
     repetitions (down to one), then fewer sizes (the smallest and largest always), and the
-    sizes left out are interpolated (`CostProfile.interpolated`). `on_call(done, total)`
-    follows the calls.
+    sizes left out are interpolated (`CostProfile.interpolated`); `every_size` keeps every
+    size and gives up only repetitions. `on_call(done, total)` follows the calls.
     """
     ks = sorted(set(ks) | {1})
     start = time.perf_counter()
@@ -155,7 +156,7 @@ def measure_costs(
     first = {k: _time_call(target_seq, k) for k in dict.fromkeys([1, ks[-1]])}  # warm-ups
     draft_first = _time_call(draft_seq, 1) if draft_seq is not None else 0.0
     left = None if budget is None else budget - (time.perf_counter() - start)
-    timed, reps = _plan(ks, reps, first, draft_first, left)
+    timed, reps = _plan(ks, reps, first, draft_first, left, thin=not every_size)
     done, total = 0, len(first) + bool(draft_seq) + len(set(timed) - set(first))
     total += reps * (len(timed) + bool(draft_seq))
     if on_call is not None:
@@ -194,11 +195,17 @@ def measure_costs(
 
 
 def _plan(
-    ks: list[int], reps: int, first: dict[int, float], draft: float, budget: float | None
+    ks: list[int],
+    reps: int,
+    first: dict[int, float],
+    draft: float,
+    budget: float | None,
+    thin: bool = True,
 ) -> tuple[list[int], int]:
     """The sizes to time and the repetitions, within `budget` seconds where one is given:
     each call's time guessed from the warm-ups (a line from the smallest size's to the
-    largest's), fewer repetitions first, then every other size of those in between."""
+    largest's), fewer repetitions first, then (where `thin`) every other size of those in
+    between."""
     if budget is None:
         return ks, reps
     low, high = first[1], first[ks[-1]]
@@ -215,7 +222,7 @@ def _plan(
         for n in range(reps, 0, -1):
             if cost(sizes, n) <= budget:
                 return sizes, n
-        if len(sizes) <= 2:
+        if len(sizes) <= 2 or not thin:
             return sizes, 1
         inner = sizes[1:-1]
         sizes = [sizes[0], *inner[1::2], sizes[-1]] if len(inner) > 1 else [sizes[0], sizes[-1]]
