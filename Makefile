@@ -4,7 +4,7 @@ SPECMLX := .venv/bin/specmlx
 # Debian's OpenBLAS, preloaded on Linux CPU for the memory-bound regime (see README).
 OPENBLAS = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3))
 
-.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-scripting bench-stock-blas bench-t1 bench-gpu bench-heads bench-heads-qwen heads-vocab heads heads-smollm2 heads-smollm2-eagle1 heads-qwen openblas clean
+.PHONY: install test test-fast lint format models demo bench bench-overhead bench-draft-free bench-scripting bench-stock-blas bench-t1 bench-quantized cost-curves bench-gpu bench-heads bench-heads-qwen heads-vocab heads heads-smollm2 heads-smollm2-eagle1 heads-qwen openblas clean
 
 install: .venv/.installed
 
@@ -99,6 +99,47 @@ bench-scripting: models openblas
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
 		--suite chat --suite creative --limit 2 $(SCRIPTING) --method draft --method suffix+draft \
 		--max-tokens 64 $(call BENCH_OUT,scripting-qwen-chat)
+
+# The Qwen pair quantized to 8 and 4 bits (float32 scales and activations, as the CPU runs
+# fastest), beside fp32 in the same regime (OpenBLAS preloaded): the target alone, draft k=4
+# and -k auto, mlx-lm k=4, T=0 and T=1, every suite, 2 prompts x 2 draws. On a 2-core CPU a
+# 4-bit token takes seconds (MLX's CPU kernels for quantized weights are not tuned): hours.
+QUANTIZED = $(foreach b,q8 q4,models/local/qwen2.5-coder-1.5b-$(b) models/local/qwen2.5-coder-0.5b-$(b))
+models/local/%-q8: | models
+	$(SPECMLX) convert models/gguf/$*.gguf $@ --dtype float32 --quantize 8
+models/local/%-q4: | models
+	$(SPECMLX) convert models/gguf/$*.gguf $@ --dtype float32 --quantize 4
+
+# Prompts per suite and draws per prompt; `make bench-quantized-q4 QUANT_LIMIT=1 QUANT_REPEATS=1`
+# for a run that fits a few hours here.
+QUANT_LIMIT ?= 2
+QUANT_REPEATS ?= 2
+QUANT_BENCH = --suite all --limit $(QUANT_LIMIT) --repeats $(QUANT_REPEATS) --temp 0 --temp 1.0 \
+	-k 4 -k auto --mlx-lm-k 4 --max-tokens 48
+bench-quantized: bench-quantized-fp32 bench-quantized-q8 bench-quantized-q4
+bench-quantized-fp32: models openblas
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench $(QUANT_BENCH) $(call BENCH_OUT,bench-quantized-fp32)
+bench-quantized-q%: models openblas $(QUANTIZED)
+	mkdir -p results
+	$(PRELOAD) $(SPECMLX) bench --target models/local/qwen2.5-coder-1.5b-q$* \
+		--draft models/local/qwen2.5-coder-0.5b-q$* $(QUANT_BENCH) $(call BENCH_OUT,bench-quantized-q$*)
+
+# What a verify call costs: v(n) for n = 1..16 and c, for the fp32, 8-bit and 4-bit pair, with
+# OpenBLAS preloaded and on the stock BLAS: results/costs-*.json, one table, docs/call-costs.png.
+CALIBRATE = $(SPECMLX) calibrate --every-size --force --budget 90 --target $(2) --draft $(3) \
+	--json results/costs-$(1)-$(DATE).json
+COST_RUNS = fp32 q8 q4
+cost-curves: models openblas $(QUANTIZED)
+	mkdir -p results
+	$(PRELOAD) $(call CALIBRATE,openblas-fp32,qwen2.5-coder-1.5b,qwen2.5-coder-0.5b)
+	$(PRELOAD) $(call CALIBRATE,openblas-q8,models/local/qwen2.5-coder-1.5b-q8,models/local/qwen2.5-coder-0.5b-q8)
+	$(PRELOAD) $(call CALIBRATE,openblas-q4,models/local/qwen2.5-coder-1.5b-q4,models/local/qwen2.5-coder-0.5b-q4)
+	$(call CALIBRATE,stock-fp32,qwen2.5-coder-1.5b,qwen2.5-coder-0.5b)
+	$(call CALIBRATE,stock-q8,models/local/qwen2.5-coder-1.5b-q8,models/local/qwen2.5-coder-0.5b-q8)
+	$(call CALIBRATE,stock-q4,models/local/qwen2.5-coder-1.5b-q4,models/local/qwen2.5-coder-0.5b-q4)
+	$(SPECMLX) cost-curves $(foreach r,openblas stock,$(foreach d,$(COST_RUNS),results/costs-$(r)-$(d)-$(DATE).json)) \
+		--png docs/call-costs.png --markdown results/costs-$(DATE).md
 
 # Adaptive k where verification is expensive: the stock BLAS, no preload. No warm-up run:
 # calls here take seconds, and mlx-lm loads every weight into memory up front.
