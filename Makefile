@@ -103,7 +103,7 @@ bench-scripting: models openblas
 # The Qwen pair quantized to 8 and 4 bits (float32 scales and activations, as the CPU runs
 # fastest), beside fp32 in the same regime (OpenBLAS preloaded): the target alone, draft k=4
 # and -k auto, mlx-lm k=4, T=0 and T=1, every suite, 2 prompts x 2 draws. On a 2-core CPU a
-# 4-bit token takes seconds (MLX's CPU kernels for quantized weights are not tuned): hours.
+# 4-bit token takes seconds (MLX's CPU kernels for quantized weights run on one core): hours.
 QUANTIZED = $(foreach b,q8 q4,models/local/qwen2.5-coder-1.5b-$(b) models/local/qwen2.5-coder-0.5b-$(b))
 models/local/%-q8: | models
 	$(SPECMLX) convert models/gguf/$*.gguf $@ --dtype float32 --quantize 8

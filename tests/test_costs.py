@@ -227,8 +227,8 @@ def test_every_size_measures_again_where_the_cache_interpolated(tiny_dirs, tmp_p
     calls = []
 
     def measure(target, draft, ks, reps, **timing):
-        calls.append((tuple(ks), timing["every_size"]))
-        skipped = () if timing["every_size"] else (2, 3)
+        calls.append((tuple(ks), not timing["thin"]))
+        skipped = () if not timing["thin"] else (2, 3)
         return CostProfile(0.1, None, {k: 1.0 + 0.1 * (k - 1) for k in ks}, skipped)
 
     monkeypatch.setattr(calibration, "measure_costs", measure)
@@ -270,6 +270,14 @@ def test_cost_curves_compare_calibrations_in_a_table_and_a_plot(tiny_dirs, tmp_p
     assert len(rows) == 4 and rows[2] == rows[3]
     c = data["profile"]["draft_call_seconds"] / data["profile"]["target_call_seconds"]
     assert "float32" in rows[2] and f"| {c:.3f} |" in rows[2]
+    # No draft model, a size left out by the budget: no c, the size marked and explained.
+    alone = tmp_path / "alone.json"
+    data["profile"] |= {"draft_call_seconds": None, "interpolated": [4]}
+    alone.write_text(json.dumps(data))
+    result = runner.invoke(app, ["cost-curves", str(alone)])
+    assert result.exit_code == 0, result.output
+    row = result.output.splitlines()[2]
+    assert "| — |" in row and "*" in row.split("|")[6] and "interpolated" in result.output
     bad = tmp_path / "bad.json"
     bad.write_text('{"profile": 3}')
     for path, needle in (

@@ -103,7 +103,7 @@ def load_or_measure(
             reps=3,
             budget=budget,
             on_call=on_call,
-            every_size=every_size,
+            thin=not every_size,
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"key": key, "profile": profile.as_dict()}, indent=2))

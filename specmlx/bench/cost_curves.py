@@ -41,7 +41,15 @@ def load_records(paths: list[Path]) -> list[dict[str, Any]]:
         try:
             data = json.loads(Path(path).read_text())
             data["profile"]["v"] = {int(k): float(r) for k, r in data["profile"]["v"].items()}
-            data["target"]["bytes"]
+            # What the table and plot read besides v: a record lacking one is not a record.
+            if not all(
+                isinstance(value, (int, float))
+                for value in (
+                    data["profile"]["target_call_seconds"],
+                    data["target"]["bytes_per_call"],
+                )
+            ) or not isinstance(data["key"]["backend"], str):
+                raise ValueError
         except OSError as error:
             raise UsageError(f"cannot read {path}: {error.strerror}") from None
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -61,11 +69,12 @@ def label(data: dict[str, Any]) -> str:
 
 
 def _blas(data: dict[str, Any]) -> str:
+    """The BLAS's name as `specmlx.engine.device.blas_in_use` gives it, without its path
+    (OpenBLAS, reference BLAS, Accelerate, MKL); on a GPU, the backend."""
     key = data["key"]
-    if key.get("backend") != "cpu":
-        return key.get("device") or "GPU"
-    blas = key.get("blas") or ""
-    return "OpenBLAS" if "openblas" in blas.lower() else "stock BLAS"
+    if key["backend"] != "cpu":
+        return key["backend"]
+    return (key.get("blas") or "unknown BLAS").split(" (")[0].split(",")[0]
 
 
 def to_markdown(records: list[dict[str, Any]]) -> str:
@@ -75,19 +84,23 @@ def to_markdown(records: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for data in records:
         profile = data["profile"]
-        one = profile["target_call_seconds"]
-        draft = profile.get("draft_call_seconds")
-        c = f"{draft / one:.3f}" if draft else "—"
         skipped = set(profile.get("interpolated") or ())
         cells = [
             label(data),
             f"{data['target']['bytes_per_call'] / 1e9:.2f}",
-            f"{one * 1000:.0f} ms",
-            c,
+            f"{profile['target_call_seconds'] * 1000:.0f} ms",
+            _c(profile) or "—",
         ]
         cells += [f"{profile['v'][n]:.2f}{'*' if n in skipped else ''}" for n in TABLE_SIZES]
         lines.append("| " + " | ".join(cells) + " |")
+    if any(data["profile"].get("interpolated") for data in records):
+        lines += ["", "\\* interpolated: not timed, to keep within the calibration's budget"]
     return "\n".join(lines) + "\n"
+
+
+def _c(profile: dict[str, Any]) -> str | None:
+    """c to three places, or None without a draft model."""
+    return f"{profile['c']:.3f}" if profile.get("draft_call_seconds") else None
 
 
 def plot_png(records: list[dict[str, Any]]) -> bytes:
@@ -104,11 +117,9 @@ def plot_png(records: list[dict[str, Any]]) -> bytes:
     ax.plot(sizes, [1] * len(sizes), color="gray", linestyle=":", label="v(n) = 1 (memory-bound)")
     for data in records:
         v = data["profile"]["v"]
-        ns = sorted(v)
-        profile = data["profile"]
-        draft = profile.get("draft_call_seconds")
-        c = f" (c = {draft / profile['target_call_seconds']:.2f})" if draft else ""
-        ax.plot(ns, [v[n] for n in ns], marker="o", markersize=3, label=label(data) + c)
+        c = _c(data["profile"])
+        name = f"{label(data)} (c = {c})" if c else label(data)
+        ax.plot(sorted(v), [v[n] for n in sorted(v)], marker="o", markersize=3, label=name)
     ax.set_xlabel("n, tokens in one target call")
     ax.set_ylabel("v(n): an n-token call over a one-token call")
     ax.set_yscale("log", base=2)

@@ -129,7 +129,7 @@ def measure_costs(
     context: int = 32,
     budget: float | None = None,
     on_call: Callable[[int, int], None] | None = None,
-    every_size: bool = False,
+    thin: bool = True,
 ) -> CostProfile:
     """Time one-token draft calls and k-token target calls after a short prefill.
 
@@ -146,8 +146,8 @@ def measure_costs(
     `budget`: seconds the whole measurement should take. The smallest and largest sizes are
     timed first (their warm-up calls); where the plan would take longer, it takes fewer
     repetitions (down to one), then fewer sizes (the smallest and largest always), and the
-    sizes left out are interpolated (`CostProfile.interpolated`); `every_size` keeps every
-    size and gives up only repetitions. `on_call(done, total)` follows the calls.
+    sizes left out are interpolated (`CostProfile.interpolated`); without `thin` it keeps
+    every size and gives up only repetitions. `on_call(done, total)` follows the calls.
     """
     ks = sorted(set(ks) | {1})
     start = time.perf_counter()
@@ -156,7 +156,7 @@ def measure_costs(
     first = {k: _time_call(target_seq, k) for k in dict.fromkeys([1, ks[-1]])}  # warm-ups
     draft_first = _time_call(draft_seq, 1) if draft_seq is not None else 0.0
     left = None if budget is None else budget - (time.perf_counter() - start)
-    timed, reps = _plan(ks, reps, first, draft_first, left, thin=not every_size)
+    timed, reps = _plan(ks, reps, first, draft_first, left, thin)
     done, total = 0, len(first) + bool(draft_seq) + len(set(timed) - set(first))
     total += reps * (len(timed) + bool(draft_seq))
     if on_call is not None:
