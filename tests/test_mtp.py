@@ -78,6 +78,10 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
     # Peaked enough that a few hundred responses fill the cells of a χ² test.
     sharp = make_hybrid_dir(root / "sharp", "qwen3_5", seed=1, extra_tensors=bigram_mtp("qwen3_5"))
     out["sharp"] = damp(sharp, 0.3, head=4.0)
+    sharp = make_hybrid_dir(
+        root / "sharp-next", "qwen3_next", seed=1, extra_tensors=bigram_mtp("qwen3_next")
+    )
+    out["sharp-next"] = damp(sharp, 0.1, head=3.0)
     out["plain"] = make_hybrid_dir(root / "plain", "qwen3_5", seed=1)
     out["mimo"] = make_mimo_dir(root / "mimo", released_mimo_mtp(3))
     out["mimo-close"] = damp(
@@ -458,13 +462,14 @@ def _exact_joint(model, ids, sampling) -> np.ndarray:
     return joint
 
 
-def test_sampling_keeps_the_target_distribution(dirs):
+@pytest.mark.parametrize("name", ["sharp", "sharp-next"])  # qwen3_5, qwen3_next
+def test_sampling_keeps_the_target_distribution(dirs, name):
     """χ² at T = 1 with top-p: the first two tokens of many responses drafted by the MTP
     layer (k = 1: a kept draft and its bonus token, or the residual's token) follow the
     target's exact joint distribution."""
     from scipy.stats import chisquare
 
-    models = load(str(dirs["sharp"]), progress=False)
+    models = load(str(dirs[name]), progress=False)
     sampling = SamplingConfig(temperature=1.0, top_p=0.9)
     ids = models.tokenizer.encode("The quick")
     joint = _exact_joint(models.target, ids, sampling)

@@ -204,31 +204,33 @@ def _heads(models: Models, name: str) -> Any:
 
 def _medusa(models: Models, options: MedusaOptions) -> Drafter:
     from specmlx.drafters.medusa import MedusaDrafter
+    from specmlx.engine.cache import takes_trees
 
-    heads = _heads(models, "medusa")
+    heads, chains = _heads(models, "medusa"), not takes_trees(models.target)
     if options.tree_size is not None:
-        return MedusaDrafter(heads, options.tree_size, options.width)
-    key = ("medusa", MAX_TREE, options.width)
+        return MedusaDrafter(heads, options.tree_size, options.width, chains=chains)
+    key = ("medusa", MAX_TREE, options.width, chains)
     if key not in models.proposal_costs:
-        throwaway = MedusaDrafter(heads, MAX_TREE, options.width)
+        throwaway = MedusaDrafter(heads, MAX_TREE, options.width, chains=chains)
         models.proposal_costs[key] = _proposal_cost(models, throwaway, heads.config.num_heads)
     step_cost = models.proposal_costs[key]
     verify_cost, largest = _verify_cost(models)
     return MedusaDrafter(
-        heads, largest, options.width, verify_cost=verify_cost, step_cost=step_cost
+        heads, largest, options.width, verify_cost=verify_cost, step_cost=step_cost, chains=chains
     )
 
 
 def _eagle(models: Models, options: EagleOptions) -> Drafter:
     from specmlx.drafters.eagle import EagleDrafter
+    from specmlx.engine.cache import takes_trees
 
-    head = _heads(models, "eagle")
+    head, chains = _heads(models, "eagle"), not takes_trees(models.target)
     if options.tree_size is not None:
-        return EagleDrafter(head, options.tree_size, options.depth, options.width)
+        return EagleDrafter(head, options.tree_size, options.depth, options.width, chains=chains)
     shape = (MAX_TREE, options.depth, options.width)
-    key = ("eagle", *shape)
+    key = ("eagle", *shape, chains)
     if key not in models.proposal_costs:
-        throwaway = EagleDrafter(head, *shape)
+        throwaway = EagleDrafter(head, *shape, chains=chains)
         models.proposal_costs[key] = _proposal_cost(models, throwaway, options.depth)
     verify_cost, largest = _verify_cost(models)
     return EagleDrafter(
@@ -238,6 +240,7 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
         options.width,
         verify_cost=verify_cost,
         step_cost=models.proposal_costs[key],
+        chains=chains,
     )
 
 
@@ -354,21 +357,23 @@ METHODS: dict[str, Method] = {
         ),
         Method(
             "medusa",
-            "Medusa heads (--heads), token trees",
+            "Medusa heads (--heads), token trees (chains on recurrent targets)",
             MedusaOptions,
             False,
             _medusa,
             needs_heads=True,
             drafts_trees=True,
+            chains_if_needed=True,
         ),
         Method(
             "eagle",
-            "EAGLE heads (--heads), dynamic token trees",
+            "EAGLE heads (--heads), dynamic token trees (chains on recurrent targets)",
             EagleOptions,
             False,
             _eagle,
             needs_heads=True,
             drafts_trees=True,
+            chains_if_needed=True,
         ),
         Method(
             "suffix",
@@ -398,6 +403,7 @@ METHODS: dict[str, Method] = {
             _suffix_heads,
             needs_heads=True,
             drafts_trees=True,
+            chains_if_needed=True,
             remembers=True,
         ),
         Method(

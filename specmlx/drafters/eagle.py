@@ -93,7 +93,8 @@ class EagleDrafter(OneBehind):
     path). width: frontier nodes expanded per level, and children drawn from each. Given a
     `verify_cost` (target call cost by tokens, as `CostProfile.verify_cost`) and the
     drafting's own `step_cost`, each proposal keeps the `best_tree_size` of its nodes,
-    tree_size - 1 at most. The defaults are smaller than EAGLE-2's (60 nodes, width 10) on
+    tree_size - 1 at most. `chains`: width 1, a chain a target with recurrent layers verifies
+    (they score no trees). The defaults are smaller than EAGLE-2's (60 nodes, width 10) on
     datacenter GPUs: on a Mac a target call's cost rises sooner with the tokens it scores.
     """
 
@@ -110,12 +111,15 @@ class EagleDrafter(OneBehind):
         width: int = 8,
         verify_cost: Callable[[int], float] | None = None,
         step_cost: float = 0.0,
+        chains: bool = False,
     ):
         if tree_size < 2 or depth < 1 or width < 1:
             raise UsageError("EAGLE trees need tree_size >= 2, depth >= 1 and width >= 1")
         self.head = head
         self.tree_size, self.depth = tree_size, depth
-        self.width = min(width, head.config.draft_vocab)  # children per node: distinct tokens
+        # Children per node, distinct tokens; one makes every proposal a chain.
+        self.chains = chains
+        self.width = 1 if chains else min(width, head.config.draft_vocab)
         self.verify_cost, self.step_cost = verify_cost, step_cost
         self.cache = head.make_cache()
         self.target: TargetSequence | None = None
@@ -126,7 +130,7 @@ class EagleDrafter(OneBehind):
         # It runs no model per drafted token: its levels are one cost per proposal.
         self.traits = DrafterTraits(
             "eagle",
-            tree_size=tree_size,
+            tree_size=None if chains else tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
             proposal_cost=step_cost,
             features=FeatureSpec(head.config.feature_layers),
@@ -158,7 +162,8 @@ class EagleDrafter(OneBehind):
         builder, node_of = TreeBuilder(), {-1: 0}
         for i in order:
             node_of[i] = builder.add(node_of[int(parent_of[i])], int(tokens[i]))
-        return Draft(mx.array(builder.tokens, mx.uint32), tree=builder.tree())
+        tree = None if self.chains else builder.tree()  # width 1: a chain
+        return Draft(mx.array(builder.tokens, mx.uint32), tree=tree)
 
     def commit(self, verdict: Verdict) -> None:
         """Drop the tree from the cache: the accepted tokens come back with real features."""

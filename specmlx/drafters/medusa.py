@@ -35,7 +35,8 @@ class MedusaDrafter:
     """Token trees from Medusa heads: at most `tree_size` nodes (root included), built from
     each head's top `width` tokens. Given a `verify_cost` (target call cost by tokens, as
     `CostProfile.verify_cost`) and the heads' own `step_cost` in the same unit, each
-    proposal keeps the `best_tree_size` of its nodes."""
+    proposal keeps the `best_tree_size` of its nodes. `chains`: each head's top token only, a
+    chain a target with recurrent layers verifies (they score no trees)."""
 
     # Medusa (Cai et al. 2024) reports its first head's top-1 guess right ~60% of the time
     # and its top-5 ~80% on Vicuna-7B; the tree offers several first tokens, but heads
@@ -49,6 +50,7 @@ class MedusaDrafter:
         width: int = 8,
         verify_cost: Callable[[int], float] | None = None,
         step_cost: float = 0.0,
+        chains: bool = False,
     ):
         if tree_size < 2 or width < 1:
             raise UsageError(
@@ -59,10 +61,11 @@ class MedusaDrafter:
         # Given the target's verify costs, each proposal keeps only the nodes that pay for
         # their verification (`best_tree_size`, the paths' scores as acceptance estimates).
         self.verify_cost, self.step_cost = verify_cost, step_cost
-        self.width = min(width, heads.config.draft_vocab)
+        self.chains = chains
+        self.width = 1 if chains else min(width, heads.config.draft_vocab)
         self.traits = DrafterTraits(
             "medusa",
-            tree_size=tree_size,
+            tree_size=None if chains else tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
             proposal_cost=step_cost,
             features=FeatureSpec(heads.config.feature_layers),
@@ -91,7 +94,7 @@ class MedusaDrafter:
         if self.verify_cost is not None:
             n = best_tree_size(scores, self.verify_cost, self.step_cost)
         # Nodes came best first, parents before children: any prefix of them is a tree.
-        tree = Tree(tuple(builder.parents[:n]))
+        tree = None if self.chains else Tree(tuple(builder.parents[:n]))  # width 1: a chain
         return Draft(mx.array(builder.tokens[:n], mx.uint32), tree=tree)
 
     def _best_paths(

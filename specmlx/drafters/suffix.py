@@ -31,7 +31,7 @@ from specmlx.drafters.eagle import best_tree_size
 from specmlx.drafters.suffix_store import RECENT, SuffixIndex, SuffixStore, Trust
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.step import Draft, Drafter, DrafterTraits, StopRule, Verdict
-from specmlx.engine.tree import Tree
+from specmlx.engine.tree import shape_of
 
 if TYPE_CHECKING:
     from specmlx.engine.cache import Sequence
@@ -167,9 +167,8 @@ class SuffixDrafter:
             tokens, parents, scores = tokens[:n], parents[:n], scores[:n]
         if not tokens:
             return empty, 0.0
-        chain = all(parent == i for i, parent in enumerate(parents))
-        tree = None if chain else Tree(tuple(parents))
-        return Draft(mx.array(tokens, mx.uint32), tree=tree, free=True), sum(scores)
+        draft = Draft(mx.array(tokens, mx.uint32), tree=shape_of(parents), free=True)
+        return draft, sum(scores)
 
     def _best_nodes(
         self, paths: list[list[int]], budget: int, q: float

@@ -63,6 +63,15 @@ class Tree:
         return mx.array(rows)
 
 
+def shape_of(parents: list[int] | tuple[int, ...]) -> Tree | None:
+    """The tree of nodes with these parents, or None where they form one chain (each the
+    child of the one before): a chain goes to the target as plain tokens, which every target
+    verifies, recurrent layers included."""
+    if all(parent == i for i, parent in enumerate(parents)):
+        return None
+    return Tree(tuple(parents))
+
+
 class TreeBuilder:
     """Grows a tree one token at a time, merging a token its parent already has."""
 

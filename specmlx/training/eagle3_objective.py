@@ -154,7 +154,9 @@ def draft_layer(target_config: dict, draft_vocab: int) -> dict:
     checkpoint's config.json has it, from the target's config.json: its width, attention
     and rope, so the head reads the target's features at the target's scale; vocab_size is
     the draft vocabulary's. A one-line UsageError where the target's config cannot give one.
+    Qwen3.5-style configs nest the text model's sizes under `text_config`: read there.
     """
+    target_config = target_config.get("text_config") or target_config
     missing = [
         k
         for k in ("hidden_size", "intermediate_size", "num_attention_heads")
