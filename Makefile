@@ -60,7 +60,10 @@ bench-t1: models openblas
 
 # specmlx's own cost per step (host ms, host syncs) on tiny random models: no real model.
 bench-overhead: install
-	$(SPECMLX) bench --overhead
+	mkdir -p results
+	COLUMNS=140 $(SPECMLX) bench --overhead > results/overhead-$(DATE).txt.part
+	mv results/overhead-$(DATE).txt.part results/overhead-$(DATE).txt
+	cat results/overhead-$(DATE).txt
 
 # On a GPU (Apple silicon, or CUDA with mlx[cuda13]): the pair in 4-bit, every method.
 GPU_PAIR = models/local/qwen2.5-coder-1.5b-4bit models/local/qwen2.5-coder-0.5b-4bit
@@ -110,12 +113,15 @@ models/local/%-q8: | models
 models/local/%-q4: | models
 	$(SPECMLX) convert models/gguf/$*.gguf $@ --dtype float32 --quantize 4
 
-# Prompts per suite and draws per prompt; `make bench-quantized-q4 QUANT_LIMIT=1 QUANT_REPEATS=1`
-# for a run that fits a few hours here.
+# Suites, prompts per suite, draws per prompt and tokens per answer. Each row prefills its
+# prompt at ~2 s a token here, so `make bench-quantized-q4 QUANT_SUITES="code extract"
+# QUANT_LIMIT=1 QUANT_REPEATS=1 QUANT_TOKENS=32` (the README's slice) takes about 70 minutes.
+QUANT_SUITES ?= all
 QUANT_LIMIT ?= 2
 QUANT_REPEATS ?= 2
-QUANT_BENCH = --suite all --limit $(QUANT_LIMIT) --repeats $(QUANT_REPEATS) --temp 0 --temp 1.0 \
-	-k 4 -k auto --mlx-lm-k 4 --max-tokens 48
+QUANT_TOKENS ?= 48
+QUANT_BENCH = $(foreach s,$(QUANT_SUITES),--suite $(s)) --limit $(QUANT_LIMIT) \
+	--repeats $(QUANT_REPEATS) --temp 0 --temp 1.0 -k 4 -k auto --mlx-lm-k 4 --max-tokens $(QUANT_TOKENS)
 bench-quantized: bench-quantized-fp32 bench-quantized-q8 bench-quantized-q4
 bench-quantized-fp32: models openblas
 	mkdir -p results

@@ -11,6 +11,7 @@ import pytest
 from specmlx.api.batch import Request, generate_many, parse_request, run_batch
 from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import generate
+from specmlx.api.methods import MedusaOptions, NgramOptions, SuffixOptions
 from specmlx.api.models import Models
 from specmlx.errors import UsageError
 from tests.test_cli import invoke, one_line_error
@@ -59,6 +60,33 @@ def test_a_line_sets_its_own_options_and_bad_ones_are_named():
     ]:
         with pytest.raises(UsageError, match=needle):
             parse_request(record, base)
+
+
+def test_a_line_sets_its_methods_options():
+    """Any of generate's per-method options, by the CLI's names, over the batch's."""
+    base = GenerationConfig(method="suffix", options=SuffixOptions(factor=3.0, memory=500))
+    config = parse_request({"prompt": "a", "suffix_min_prob": 0.2, "tree_size": 6}, base).config
+    assert config.method == "suffix"
+    assert config.options == SuffixOptions(tree_size=6, factor=3.0, min_prob=0.2, memory=500)
+    medusa = parse_request({"prompt": "a", "method": "medusa", "width": 2}, base).config
+    assert medusa.options == MedusaOptions(width=2)  # another method: its own defaults
+    implied = parse_request({"prompt": "a", "ngram_max": 3}, GenerationConfig()).config
+    assert implied.method == "ngram" and implied.options == NgramOptions(max_n=3)
+    assert parse_request({"prompt": "a", "p_min": 0.5}, GenerationConfig()).config.method == "draft"
+    for record, needle in [
+        (
+            {"prompt": "a", "width": 2},
+            "width is an option of method medusa or eagle, not of suffix",
+        ),
+        ({"prompt": "a", "tree_size": 2.5}, "tree_size must be a whole number"),
+        ({"prompt": "a", "suffix_factor": "big"}, "suffix_factor must be a number"),
+        ({"prompt": "a", "suffix_memory": 10}, "suffix_memory is the batch's"),
+        ({"prompt": "a", "suffix_factor": -1.0}, "factor > 0"),
+    ]:
+        with pytest.raises(UsageError, match=needle):
+            parse_request(record, base)
+    with pytest.raises(UsageError, match="tree_size: name the line's method"):
+        parse_request({"prompt": "a", "tree_size": 4}, GenerationConfig())
 
 
 def write_lines(path, records):

@@ -314,6 +314,7 @@ def _cut(src: Path, dst: Path, n: int) -> Path:
         ("truncated-header", r"truncated or corrupt GGUF"),
         ("truncated-data", r"truncated"),
         ("arch", r"architecture 'bert' is not supported"),
+        ("hybrid", r"architecture 'qwen3next' is not supported.*hybrids included"),
         ("type", r"tensor blk\.0\.attn_q\.weight has type IQ2_XXS"),
     ],
 )
@@ -331,6 +332,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, case, message):
         _cut(good, src, good.stat().st_size * 2 // 3)
     elif case == "arch":
         write_gguf(src, "llama", types=(Q.F32,), gguf_arch="bert")
+    elif case == "hybrid":  # llama.cpp's name for Qwen3-Next
+        write_gguf(src, "llama", types=(Q.F32,), gguf_arch="qwen3next")
     elif case == "type":
         writer = GGUFWriter(str(src), "llama")
         raw = np.zeros((64, 66), dtype=np.uint8)  # one 256-wide IQ2_XXS block per row

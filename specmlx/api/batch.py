@@ -23,7 +23,15 @@ from typing import Any
 
 from specmlx.api.config import GenerationConfig, method_of
 from specmlx.api.generate import GenerationResult, encode_prompt
+from specmlx.api.methods import METHODS, owner_of
 from specmlx.api.models import Models
+from specmlx.api.option_names import (
+    FRACTIONS,
+    OPTION_NAMES,
+    TEXTS,
+    implied_method,
+    with_options,
+)
 from specmlx.api.session import Session
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
@@ -42,6 +50,8 @@ LINE_KEYS: dict[str, type | tuple[type, ...]] = {
     "k": (int, str),
     "chat_template": bool,
 }
+# Method options a line may not set: they shape the memory every line shares.
+SHARED = frozenset({"suffix_memory", "suffix_cache"})
 
 
 @dataclass(frozen=True)
@@ -90,14 +100,15 @@ def generate_many(
 
 def parse_request(record: Any, base: GenerationConfig) -> Request:
     """A request line's object: "prompt" (a string) or "messages" (chat messages), and any
-    of LINE_KEYS over `base`; anything else is a one-line UsageError."""
+    of LINE_KEYS and of the method options (OPTION_NAMES but SHARED) over `base`; anything
+    else is a one-line UsageError."""
     if not isinstance(record, dict):
         raise UsageError("expected a JSON object")
-    unknown = sorted(set(record) - {"id", "prompt", "messages", *LINE_KEYS})
+    unknown = sorted(set(record) - {"id", "prompt", "messages", *LINE_KEYS, *OPTION_NAMES})
     if unknown:
         raise UsageError(
             f"unknown key {unknown[0]!r}; a line takes id, prompt or messages, "
-            f"and {', '.join(LINE_KEYS)}"
+            f"{', '.join(LINE_KEYS)}, and a method's options ({', '.join(OPTION_NAMES)})"
         )
     for key, kind in LINE_KEYS.items():
         value = record.get(key)
@@ -109,6 +120,9 @@ def parse_request(record: Any, base: GenerationConfig) -> Request:
     config = base
     if "method" in record and record["method"] != base.method:
         config = replace(config, method=record["method"], options=None)
+    named = {key: record[key] for key in OPTION_NAMES if record.get(key) is not None}
+    if named:
+        config = _with_method_options(config, named)
     if "k" in record:
         k = record["k"]
         config = replace(config, k=None if k == "auto" else _whole(k, "k"))
@@ -128,6 +142,29 @@ def parse_request(record: Any, base: GenerationConfig) -> Request:
             chat_template=record.get("chat_template", base.chat_template),
         ),
     )
+
+
+def _with_method_options(config: GenerationConfig, named: dict[str, Any]) -> GenerationConfig:
+    """The line's method (its own, the batch's, or the one its options imply) with the
+    line's options set over the batch's."""
+    for key, value in named.items():
+        kind = str if key in TEXTS else (int, float) if key in FRACTIONS else int
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise UsageError(f"{key} must be a {_kind_name(kind)}, got {value!r}")
+        if key in SHARED:
+            raise UsageError(
+                f"{key} is the batch's, not a line's: every line shares one suffix memory"
+            )
+    if config.method is not None:
+        used = METHODS[config.method]
+    elif config.options is not None:
+        used = owner_of(config.options)
+    else:
+        implied = implied_method(list(named))
+        if implied is None:
+            raise UsageError(f"{', '.join(named)}: name the line's method")
+        used = implied
+    return replace(config, method=used.name, options=with_options(used, named, config.options))
 
 
 def _prompt_of(record: dict[str, Any]) -> Prompt:

@@ -28,20 +28,13 @@ import typer
 
 from specmlx.api.methods import (
     METHODS,
-    DraftOptions,
-    EagleOptions,
-    LookaheadOptions,
-    MedusaOptions,
     Method,
     MethodOptions,
-    MtpOptions,
-    NgramOptions,
-    SuffixOptions,
     method,
     methods_help,
     owner_of,
-    takers_of,
 )
+from specmlx.api.option_names import OPTION_NAMES, field_of, owners
 from specmlx.errors import UsageError
 
 if TYPE_CHECKING:
@@ -82,40 +75,6 @@ def parse_ks(values: list[str]) -> list[int | None]:
     return [parse_k(part) for value in values for part in value.split(",")]
 
 
-# Each per-method option: the options dataclasses it sets (one per method that has it), and
-# which of their fields.
-_METHOD_FLAGS: dict[str, tuple[tuple[type, str], ...]] = {
-    "p_min": ((DraftOptions, "p_min"),),
-    "ngram_min": ((NgramOptions, "min_n"),),
-    "ngram_max": ((NgramOptions, "max_n"),),
-    "window": ((LookaheadOptions, "window"),),
-    "ngram_size": ((LookaheadOptions, "ngram"),),
-    "guesses": ((LookaheadOptions, "guesses"),),
-    "tree_size": (
-        (MedusaOptions, "tree_size"),
-        (EagleOptions, "tree_size"),
-        (SuffixOptions, "tree_size"),
-    ),
-    "width": ((MedusaOptions, "width"), (EagleOptions, "width")),
-    "depth": ((EagleOptions, "depth"),),
-    "suffix_memory": ((SuffixOptions, "memory"),),
-    "suffix_cache": ((SuffixOptions, "cache"),),
-    "suffix_factor": ((SuffixOptions, "factor"),),
-    "suffix_min_prob": ((SuffixOptions, "min_prob"),),
-    "suffix_min_score": ((SuffixOptions, "min_score"),),
-    "mtp_hidden": ((MtpOptions, "hidden"),),
-}
-
-
-def _owners(flag: str) -> list[Method]:
-    return [m for options, _ in _METHOD_FLAGS[flag] for m in takers_of(options)]
-
-
-def _field(flag: str, used: Method) -> str:
-    """The field of `used`'s options that `flag` sets."""
-    return next(name for options, name in _METHOD_FLAGS[flag] if options is used.options)
-
-
 def _flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -123,11 +82,11 @@ def _flag_name(name: str) -> str:
 def _method_flag(name: str, what: str) -> Any:
     """A per-method option: None unless given; the help names its methods and defaults."""
     shown = []
-    for options, attribute in _METHOD_FLAGS[name]:
+    for options, attribute in OPTION_NAMES[name]:
         default = "auto" if getattr(options(), attribute) is None else getattr(options(), attribute)
-        several = len(_METHOD_FLAGS[name]) > 1
+        several = len(OPTION_NAMES[name]) > 1
         shown.append(f"{owner_of(options).name} {default}" if several else str(default))
-    methods = "/".join(owner_of(options).name for options, _ in _METHOD_FLAGS[name])
+    methods = "/".join(owner_of(options).name for options, _ in OPTION_NAMES[name])
     # Written into the help: click would show a None default's stand-in in parentheses.
     return typer.Option(help=f"{methods}: {what}  [default: {', '.join(shown)}]")
 
@@ -171,7 +130,7 @@ class ModelRefs:
 
 @dataclass(frozen=True)
 class MethodFlags:
-    """The options of each method, None where not given (see `_METHOD_FLAGS`)."""
+    """The options of each method, None where not given (see `OPTION_NAMES`)."""
 
     p_min: Annotated[
         float | None,
@@ -247,7 +206,7 @@ class MethodFlags:
         if not given:
             return None
         # The methods every given option belongs to.
-        common = set.intersection(*({m.name for m in _owners(flag)} for flag in given))
+        common = set.intersection(*({m.name for m in owners(flag)} for flag in given))
         kinds = {METHODS[name].options for name in common}
         if len(common) > 1 and len(kinds) == 1:
             return owner_of(kinds.pop())  # suffix's options: suffix alone unless told
@@ -261,22 +220,22 @@ class MethodFlags:
         """The options object of `used` from the options given; an option of another method
         is an error."""
         for flag in self.given():
-            owners = _owners(flag)
-            if used is None or used not in owners:
-                names = " or ".join(m.name for m in owners)
+            takers = owners(flag)
+            if used is None or used not in takers:
+                names = " or ".join(m.name for m in takers)
                 where = "" if used is None else f", not of --method {used.name}"
                 raise UsageError(f"{_flag_name(flag)} is an option of --method {names}{where}")
         if used is None:
             return None
         # Every option given is one of `used`'s now; the rest keep the method's defaults.
-        return used.options(**{_field(flag, used): getattr(self, flag) for flag in self.given()})
+        return used.options(**{field_of(flag, used): getattr(self, flag) for flag in self.given()})
 
     def options_among(self, methods: list[Method]) -> tuple[MethodOptions, ...]:
         """For a bench of several methods: the options of each method that was given any
         (the others run with their defaults); an option of a method not benched is an
         error."""
-        owners = {flag: _owners(flag) for flag in self.given()}
-        for flag, own in owners.items():
+        taken = {flag: owners(flag) for flag in self.given()}
+        for flag, own in taken.items():
             if not any(m in methods for m in own):
                 names = " or ".join(m.name for m in own)
                 raise UsageError(
@@ -284,9 +243,9 @@ class MethodFlags:
                     "which this bench does not run"
                 )
         return tuple(
-            m.options(**{_field(f, m): getattr(self, f) for f, own in owners.items() if m in own})
+            m.options(**{field_of(f, m): getattr(self, f) for f, own in taken.items() if m in own})
             for m in methods
-            if any(m in own for own in owners.values())
+            if any(m in own for own in taken.values())
         )
 
 

@@ -212,7 +212,8 @@ def architecture(gguf: GGUFFile) -> ArchSpec:
     if arch not in ARCHS:
         supported = ", ".join(ARCHS)
         raise SpecmlxError(
-            f"{gguf.path}: architecture {arch!r} is not supported (supported: {supported})"
+            f"{gguf.path}: architecture {arch!r} is not supported (supported: {supported}); "
+            "load other models, hybrids included, from their Hugging Face or mlx-lm folder"
         )
     return ARCHS[str(arch)]
 
