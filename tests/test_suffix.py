@@ -108,15 +108,23 @@ def tiny_store(tmp_path=None):
 
 
 def test_a_saved_memory_reloads_to_the_same_proposals(tmp_path):
+    """Its answers and what its proposals earned (trust by match length, which sizes them
+    against the verify costs)."""
     store = tiny_store(tmp_path)
+    for _ in range(6):  # one-token matches were not kept; longer ones were
+        store.trust.observe(1, 1.0, False)
+        store.trust.observe(3, 1.0, True)
     store.save()
     again = load_store(tmp_path / "m.suffix", 10_000, "tok")
     assert again.documents() == store.documents()
+    assert [again.trust.q(n) for n in range(1, 40)] == [store.trust.q(n) for n in range(1, 40)]
+    assert again.trust.q(1) < 0.3 < 0.9 < again.trust.q(3)
     rng = random.Random(3)
+    cost = lambda n: 1.0 + 0.3 * (n - 1)  # noqa: E731
     for _ in range(50):
         context = [rng.randrange(6) for _ in range(rng.randrange(1, 10))]
-        a = SuffixDrafter(store, tree_size=12).speculate(context, 8)
-        b = SuffixDrafter(again, tree_size=12).speculate(context, 8)
+        a = SuffixDrafter(store, tree_size=12, verify_cost=cost).speculate(context, 8)
+        b = SuffixDrafter(again, tree_size=12, verify_cost=cost).speculate(context, 8)
         assert a[0].tokens.tolist() == b[0].tokens.tolist() and a[0].tree == b[0].tree
 
 

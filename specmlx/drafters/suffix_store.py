@@ -174,6 +174,19 @@ class Trust:
         self.offered[b] = self.offered.get(b, 0.0) + offered
         self.kept[b] = self.kept.get(b, 0.0) + kept
 
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        return {
+            "kept": {str(b): v for b, v in self.kept.items()},
+            "offered": {str(b): v for b, v in self.offered.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, float]]) -> Trust:
+        trust = cls()
+        trust.kept = {int(b): float(v) for b, v in data["kept"].items()}
+        trust.offered = {int(b): float(v) for b, v in data["offered"].items()}
+        return trust
+
 
 class SuffixStore:
     """Earlier answers of one target, within `budget` tokens (the oldest dropped first), for
@@ -218,6 +231,7 @@ class SuffixStore:
             "tokenizer": self.tokenizer_id,
             "budget": self.budget,
             "lengths": [len(doc) for doc in docs],
+            "trust": self.trust.to_dict(),  # what its proposals earned, kept with them
         }
         body = array("I")
         for doc in docs:
@@ -240,7 +254,8 @@ def load_store(path: Path, budget: int, tokenizer_id: str) -> SuffixStore:
         header = json.loads(head)
         lengths = [int(n) for n in header["lengths"]]
         ok = header.get("format") == FORMAT and 4 * sum(lengths) == len(body)
-    except (OSError, ValueError, KeyError, TypeError):
+        trust = Trust.from_dict(header["trust"]) if "trust" in header else Trust()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
         raise UsageError(f"--suffix-cache {path} is not a specmlx suffix memory")
@@ -251,6 +266,7 @@ def load_store(path: Path, budget: int, tokenizer_id: str) -> SuffixStore:
             f"--suffix-cache {path} was made for a target with another tokenizer; "
             "use another file for this one"
         )
+    store.trust = trust
     tokens = array("I")
     tokens.frombytes(body)
     start = 0
