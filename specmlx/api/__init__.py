@@ -5,7 +5,8 @@
     result = specmlx.generate(models, "def quicksort(xs):", specmlx.GenerationConfig(k=4))
 
 Modules: `config` (GenerationConfig, and which method it runs), `models` (Models),
-`methods` (the table of drafting methods), `load`, `calibration` (the call costs adaptive k
+`methods` (the table of drafting methods), `options` (each method's options) and
+`option_names` (their names on the command line and in batch lines), `load`, `calibration` (the call costs adaptive k
 prices, cached per device), `session` (one loaded pair's target sequence, drafter and
 policies), `generate` (generate and stream), and `chat`. It may import the drafters, the
 heads, the engine and io; the floors above it (testing, training, bench, server, cli) import

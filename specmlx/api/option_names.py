@@ -6,18 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from specmlx.api.methods import (
+from specmlx.api.methods import Method, owner_of, takers_of
+from specmlx.api.options import (
     DraftOptions,
     EagleOptions,
     LookaheadOptions,
     MedusaOptions,
-    Method,
     MethodOptions,
     MtpOptions,
     NgramOptions,
     SuffixOptions,
-    owner_of,
-    takers_of,
 )
 from specmlx.errors import UsageError
 
