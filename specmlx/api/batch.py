@@ -10,8 +10,8 @@
 Requests that draft the same way (method, its options, k) share one `Session`: its target
 cache (a prompt that extends the last one prefills only what is new), its drafter and what
 adaptive k learned; the suffix memory is the models' own, shared by all of them. A request
-may bring its own sampling, length, seed and template (`Request.config`), or another method,
-which gets a session of its own.
+may bring its own sampling, length, seed and template (`Request.config`), its method's
+options, or another method: other options or another method get a session of their own.
 """
 
 from __future__ import annotations
