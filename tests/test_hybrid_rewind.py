@@ -1,5 +1,5 @@
-"""Rewinding hybrid targets: Gated DeltaNet layers set to their state at the last kept token
-from the verify call's own trace, with no second call; trees refused."""
+"""Rewinding recurrent targets: Gated DeltaNet and Mamba-2 layers set to their state at the
+last kept token from the verify call's own trace, with no second call; trees refused."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from specmlx.engine.cache import Sequence
 from specmlx.errors import SpecmlxError
 from specmlx.testing import tiny_hybrid
+from tests.tiny import ARCHS, random_model
 
 
 def held(seq: Sequence) -> list[mx.array]:
@@ -27,13 +28,33 @@ def model():
     return tiny_hybrid(vocab_size=128)
 
 
-def test_hybrid_layers_rewind_from_their_trace(model):
-    seq = Sequence(model)
-    assert not seq.trimmable and seq.recurrent == [0, 2]  # the Gated DeltaNet layers
+@pytest.fixture(scope="module")
+def models(model):
+    """Gated DeltaNet beside attention; Mamba-2 alone; Mamba-2 beside attention and MLP
+    blocks that hold no cache (Nemotron-H)."""
+    out = {"qwen3_next": model}
+    for arch in ("mamba2", "nemotron_h"):
+        out[arch] = random_model({**ARCHS[arch], "vocab_size": 128}, seed=1)
+    return out
 
 
+@pytest.mark.parametrize(
+    "arch, traced", [("qwen3_next", [0, 2]), ("mamba2", [0, 1]), ("nemotron_h", [0, 2])]
+)
+def test_recurrent_layers_rewind_from_their_trace(models, arch, traced):
+    seq = Sequence(models[arch])
+    assert not seq.trimmable and list(seq.recurrent) == traced  # by cache index
+
+
+def test_mamba1_layers_rewind_by_replay(tmp_path):
+    seq = Sequence(random_model({**ARCHS["mamba"], "vocab_size": 128}))
+    assert not seq.trimmable and seq.recurrent is None
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2", "nemotron_h"])
 @pytest.mark.parametrize("kept", [0, 1, 2, 4])
-def test_after_any_rewind_the_state_is_a_fresh_prefill_s(model, kept):
+def test_after_any_rewind_the_state_is_a_fresh_prefill_s(models, arch, kept):
+    model = models[arch]
     context = [(5 * i + 3) % 128 for i in range(20)]
     seq = Sequence(model)
     seq.sync(context)
@@ -91,3 +112,30 @@ def test_the_overhead_bench_shows_one_call_per_step_where_replay_needs_two():
     assert trace.rewind == "trace" and replay.rewind == "replay"
     assert trace.tokens_per_step == replay.tokens_per_step  # the same greedy steps
     assert trace.calls_per_step == 1.0 and replay.calls_per_step > 1.5
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h"])
+def test_speculation_on_mamba2_layers_is_greedy_exact(models, arch):
+    """A draft of its own kind (rejections rewound on both sides) and the target as its own
+    draft (everything kept): the target's greedy output, token for token."""
+    from specmlx.drafters.draft_model import DraftModelDrafter
+    from specmlx.engine.decode import decode
+    from specmlx.engine.policy import FixedK
+    from specmlx.engine.sampling import SamplingConfig
+
+    target = models[arch]
+    other = random_model({**ARCHS[arch], "vocab_size": 128}, seed=2)
+    ids = [(7 * i + 2) % 128 for i in range(16)]
+
+    def run(drafter, k):
+        sequence, greedy = Sequence(target), SamplingConfig()
+        steps = list(
+            decode(sequence, ids, drafter, policy=FixedK(k), max_tokens=24, sampling=greedy)
+        )
+        return [t for s in steps for t in s.tokens], sum(s.n_accepted for s in steps)
+
+    plain, _ = run(None, 0)
+    for draft in (other, target):
+        out, kept = run(DraftModelDrafter(draft, 128), 3)
+        assert out == plain
+        assert kept > 0 or draft is other

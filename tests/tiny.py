@@ -77,6 +77,46 @@ ARCHS: dict[str, dict] = {
         use_conv_bias=True,
         time_step_rank=4,
     ),
+    # Mamba-2 mixers, alone and beside attention and MLP blocks (Nemotron-H's "M*-M").
+    "mamba2": dict(
+        model_type="mamba2",
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=4,
+        head_dim=16,
+        state_size=8,
+        num_hidden_layers=2,
+        layer_norm_epsilon=1e-5,
+        conv_kernel=4,
+        n_groups=2,
+        use_bias=False,
+        use_conv_bias=True,
+        tie_word_embeddings=False,
+        time_step_limit=[0.001, 100.0],
+        time_step_rank="auto",
+    ),
+    "nemotron_h": dict(
+        model_type="nemotron_h",
+        hidden_size=64,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_bias=False,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        mamba_proj_bias=False,
+        ssm_state_size=8,
+        conv_kernel=4,
+        n_groups=2,
+        mlp_bias=False,
+        layer_norm_epsilon=1e-5,
+        use_bias=False,
+        use_conv_bias=True,
+        hybrid_override_pattern=["M", "*", "-", "M"],
+        time_step_limit=[0.001, 100.0],
+    ),
     "qwen2_moe": dict(
         model_type="qwen2_moe",
         hidden_size=64,
@@ -140,23 +180,28 @@ def make_model_dir(
 
     `vocab_pad` adds rows to the embedding beyond the tokenizer (as Qwen pads its vocab).
     """
-    import mlx.core as mx
-    from mlx_lm.utils import _get_classes, save_config, save_model
+    from mlx_lm.utils import save_config, save_model
 
     n_tokens = write_tokenizer(folder, tokenizer_size)
     eos_id = SPECIALS.index("<|im_end|>")
     config = {**ARCHS[arch], "vocab_size": n_tokens + vocab_pad, "eos_token_id": eos_id}
     config.update(overrides)
+    save_model(folder, random_model(config, seed))
+    save_config(dict(config), folder / "config.json")
+    return folder
+
+
+def random_model(config: dict, seed: int = 0):
+    """The seeded random fp32 mlx-lm model of a config (an ARCHS entry and a vocab_size)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import _get_classes
+
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
     # Scale weights up a little so the random model has peaked, varied distributions.
-    params = model.parameters()
-    from mlx.utils import tree_map
-
-    model.update(tree_map(lambda w: w * 2.0 if w.ndim == 2 else w, params))
+    model.update(tree_map(lambda w: w * 2.0 if w.ndim == 2 else w, model.parameters()))
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
-    save_model(folder, model)
-    save_config(dict(config), folder / "config.json")
-    return folder
+    return model

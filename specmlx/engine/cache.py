@@ -9,10 +9,11 @@ the common prefix of two turns. Rewind is exact for each cache kind:
   plain KVCache that applies the same window through the attention mask. It keeps the
   whole history, so it can always be trimmed, where a rotating buffer past its window has
   overwritten what a rewind would need.
-- Gated DeltaNet layers (ArraysCache of Qwen3.5 / Qwen3-Next hybrids): the verify call
-  itself keeps their state after each position (`specmlx.engine.recurrent`); a rewind sets
-  the state at the last kept token and runs nothing.
-- Anything else that can't be trimmed (the ArraysCache of Mamba-like models): checkpoint
+- Gated DeltaNet and Mamba-2 layers (ArraysCache of Qwen3.5 / Qwen3-Next, Mamba-2 and
+  Nemotron-H-style hybrids): the verify call itself keeps their state after each position
+  (`specmlx.engine.recurrent`); a rewind sets the state at the last kept token and runs
+  nothing.
+- Anything else that can't be trimmed (the ArraysCache of Mamba-1 models): checkpoint
   the state before the unverified tokens go in, and on rewind restore it and replay the
   tokens that were kept.
 
@@ -125,7 +126,7 @@ class Sequence:
     keeps the hidden states `spec` names, one row per confirmed token (`feature_rows`).
     """
 
-    # False: rewind Gated DeltaNet layers by replay too (`bench --overhead` compares both).
+    # False: rewind traced recurrent layers by replay too (`bench --overhead` compares both).
     trace_recurrent = True
 
     def __init__(self, model: nn.Module, prefill_step: int = PREFILL_STEP):
@@ -135,7 +136,7 @@ class Sequence:
         self.tokens: list[int] = []
         self.n_unconfirmed = 0
         self.trimmable = all(c.is_trimmable() for c in self.cache)
-        # Gated DeltaNet layers by cache index (rewound from their traces), None where
+        # The recurrent mixers by cache index (rewound from their traces), None where
         # rewinding replays from a checkpoint.
         traced = not self.trimmable and self.trace_recurrent
         self.recurrent = recurrent_layers(model, self.cache) if traced else None
@@ -189,7 +190,7 @@ class Sequence:
         """The model on `inputs` (n,) with the cache; the features go to `_pending`, and
         when `traced`, the recurrent layers' traces to `_traces`."""
         if traced:
-            with recording(self.model, self.recurrent) as traces:
+            with recording(self.recurrent) as traces:
                 logits = self._call(inputs)
             self._traces.append((inputs.shape[0], traces))
             return logits

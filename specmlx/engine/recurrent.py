@@ -1,13 +1,16 @@
 """Recurrent layers that keep their state after every position of a call.
 
-A Gated DeltaNet layer (Qwen3.5, Qwen3-Next: mlx-lm's `linear_attn`) holds, in its
-ArraysCache, the last conv_kernel - 1 inputs of its causal convolution (entry 0) and the
-recurrent state (entry 1). Both move forward with every token and cannot be trimmed. While
-`recording` is on, each such layer's call also leaves behind what a rewind needs: the
-convolution's whole input (the window after position p is rows p + 1 .. p + kernel - 1 of
-it) and the recurrent state after each position (the recurrence is run one position at a
-time, the same arithmetic mlx-lm's own loop does, with the projections still batched). A
-rewind then picks the state at the last kept token and runs nothing.
+Two kinds of layer hold, in a two-entry ArraysCache, the last conv_kernel - 1 inputs of a
+causal convolution (entry 0) and a recurrent state (entry 1), both moving forward with every
+token and impossible to trim: Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo hybrids: mlx-lm's
+`linear_attn`, stepped by `gated_delta_update`) and Mamba-2 SSM mixers (Mamba-2, Nemotron-H,
+Falcon-H1, Granite 4 hybrids, PLaMo 2: a `mixer` or `mamba` module, stepped by
+`ssm_update`). While `recording` is on, each such layer's call also leaves behind what a
+rewind needs: the convolution's whole input (the window after position p is rows
+p + 1 .. p + kernel - 1 of it) and the recurrent state after each position (the recurrence
+is run one position at a time, the same arithmetic mlx-lm's own code does for one token,
+with the projections still batched). A rewind then picks the state at the last kept token
+and runs nothing.
 
 The calls are matched to the layers by order: a forward pass runs each layer once, in order.
 """
@@ -33,29 +36,41 @@ class Trace:
     states: list[mx.array]
 
 
-def recurrent_layers(model: nn.Module, cache: list[Any]) -> list[int] | None:
-    """The cache indices of the model's Gated DeltaNet layers, when they are all its
-    untrimmable cache entries (None otherwise: another kind of recurrence, e.g. Mamba,
-    which rewinds by replay)."""
+# Each kind of recurrent layer: the attributes its decoder layer keeps the mixer under, and
+# the function of the mixer's module that runs its recurrence.
+KINDS = ((("linear_attn",), "gated_delta_update"), (("mixer", "mamba"), "ssm_update"))
+
+
+def recurrent_layers(model: nn.Module, cache: list[Any]) -> dict[int, nn.Module] | None:
+    """The model's recurrent mixers by cache index, when they are all its untrimmable
+    cache entries (None otherwise: another kind of recurrence, e.g. Mamba-1, which rewinds
+    by replay). Layers without a cache entry (Nemotron-H's MLP blocks) are skipped: the
+    mixers and the untrimmable entries pair up in order."""
     layers = getattr(model, "layers", None)
-    if layers is None or len(layers) != len(cache):
+    if layers is None:
         return None
-    found = [
-        i
-        for i, layer in enumerate(layers)
-        if getattr(layer, "is_linear", False) and _delta_net(layer) is not None
-    ]
+    mixers = [(i, m) for i, layer in enumerate(layers) if (m := _mixer(layer)) is not None]
     untrimmable = [i for i, c in enumerate(cache) if not c.is_trimmable()]
-    return found if found and found == untrimmable else None
+    if not mixers or len(mixers) != len(untrimmable):
+        return None
+    if len(layers) == len(cache) and [i for i, _ in mixers] != untrimmable:
+        return None
+    return {c: m for c, (_, m) in zip(untrimmable, mixers, strict=True)}
 
 
-def _delta_net(layer: nn.Module) -> nn.Module | None:
-    module = getattr(layer, "linear_attn", None)
-    if module is None or not hasattr(module, "conv1d"):
-        return None
-    if not hasattr(sys.modules[type(module).__module__], "gated_delta_update"):
-        return None
-    return module
+def _mixer(layer: nn.Module) -> nn.Module | None:
+    for attributes, update in KINDS:
+        for attribute in attributes:
+            module = getattr(layer, attribute, None)
+            if module is not None and hasattr(module, "conv1d") and _update(module) == update:
+                return module
+    return None
+
+
+def _update(module: nn.Module) -> str | None:
+    """The name of the recurrence function the mixer's module holds, if any."""
+    namespace = sys.modules[type(module).__module__]
+    return next((u for _, u in KINDS if hasattr(namespace, u)), None)
 
 
 class _Tap(nn.Module):
@@ -98,26 +113,61 @@ def _stepwise(update: Callable[..., Any], sink: list[list[mx.array]]) -> Callabl
     return step_by_step
 
 
+def _stepwise_ssm(update: Callable[..., Any], sink: list[list[mx.array]]) -> Callable[..., Any]:
+    """`ssm_update` one position at a time, keeping the state after each."""
+
+    def step_by_step(x, A_log, B, C, D, dt, dt_bias, state=None, *args, **kwargs):  # noqa: N803
+        given = {**dict(zip(("time_step_limit", "mask", "lengths"), args, strict=False)), **kwargs}
+        assert given.pop("lengths", None) is None, "one sequence: no padded lengths"
+        mask = given.pop("mask", None)
+        ys, states = [], []
+        for t in range(x.shape[1]):
+            one = slice(t, t + 1)
+            y, state = update(
+                x[:, one],
+                A_log,
+                B[:, one],
+                C[:, one],
+                D,
+                dt[:, one],
+                dt_bias,
+                state,
+                mask=None if mask is None else mask[..., one],
+                **given,
+            )
+            ys.append(y)
+            states.append(state)
+        sink.append(states)
+        return mx.concatenate(ys, axis=1), state
+
+    return step_by_step
+
+
+STEPWISE = {"gated_delta_update": _stepwise, "ssm_update": _stepwise_ssm}
+
+
 @contextmanager
-def recording(model: nn.Module, indices: list[int]) -> Iterator[dict[int, Trace]]:
-    """Around one call of the model: the `Trace` of each of its Gated DeltaNet layers, by
-    cache index, fills the dict yielded when the block ends."""
-    modules = [_delta_net(model.layers[i]) for i in indices]
+def recording(layers: dict[int, nn.Module]) -> Iterator[dict[int, Trace]]:
+    """Around one call of the model: the `Trace` of each of its recurrent mixers (`layers`,
+    by cache index), filled into the dict yielded when the block ends."""
     convs: list[mx.array] = []
     states: list[list[mx.array]] = []
-    namespaces = {id(ns): ns for ns in (sys.modules[type(m).__module__] for m in modules)}
-    originals = {key: ns.gated_delta_update for key, ns in namespaces.items()}
+    patched: dict[int, tuple[Any, str, Callable[..., Any]]] = {}
+    for m in layers.values():
+        ns, update = sys.modules[type(m).__module__], _update(m)
+        assert update is not None
+        patched.setdefault(id(ns), (ns, update, getattr(ns, update)))
     traces: dict[int, Trace] = {}
-    for m in modules:
+    for m in layers.values():
         m.conv1d = _Tap(m.conv1d, convs)
-    for key, ns in namespaces.items():
-        ns.gated_delta_update = _stepwise(originals[key], states)
+    for ns, update, original in patched.values():
+        setattr(ns, update, STEPWISE[update](original, states))
     try:
         yield traces
     finally:
-        for m in modules:
+        for m in layers.values():
             m.conv1d = m.conv1d.inner
-        for key, ns in namespaces.items():
-            ns.gated_delta_update = originals[key]
-    assert len(convs) == len(states) == len(indices), "one call runs each layer once"
-    traces.update({i: Trace(c, s) for i, c, s in zip(indices, convs, states, strict=True)})
+        for ns, update, original in patched.values():
+            setattr(ns, update, original)
+    assert len(convs) == len(states) == len(layers), "one call runs each layer once"
+    traces.update({i: Trace(c, s) for i, c, s in zip(layers, convs, states, strict=True)})
