@@ -70,6 +70,9 @@ def test_a_line_sets_its_methods_options():
     assert config.options == SuffixOptions(tree_size=6, factor=3.0, min_prob=0.2, memory=500)
     medusa = parse_request({"prompt": "a", "method": "medusa", "width": 2}, base).config
     assert medusa.options == MedusaOptions(width=2)  # another method: its own defaults
+    # A hybrid of suffix keeps the batch's suffix options: one memory, its size and file.
+    hybrid = parse_request({"prompt": "a", "method": "suffix+draft", "suffix_factor": 1}, base)
+    assert hybrid.config.options == SuffixOptions(factor=1, memory=500)
     implied = parse_request({"prompt": "a", "ngram_max": 3}, GenerationConfig()).config
     assert implied.method == "ngram" and implied.options == NgramOptions(max_n=3)
     assert parse_request({"prompt": "a", "p_min": 0.5}, GenerationConfig()).config.method == "draft"

@@ -89,6 +89,16 @@ def heads(folders, loaded):
     return out
 
 
+def test_an_eagle3_layer_copies_the_nested_text_config(folders):
+    """Qwen3.5 keeps its sizes under text_config and its rope base under rope_parameters."""
+    config = json.loads((folders["qwen3_5"] / "config.json").read_text())
+    layer = draft_layer(config, 320)
+    text = config["text_config"]
+    assert layer["hidden_size"] == text["hidden_size"] == 64
+    assert layer["rope_theta"] == text["rope_parameters"]["rope_theta"]
+    assert layer["model_type"] == "llama" and layer["vocab_size"] == 320
+
+
 def guessing_heads(models: Models, num_heads: int = 3) -> MedusaHeads:
     """Medusa heads that are often right on a target that leans on its current token
     (`damp`): there its greedy next token is nearly a function B of the current one, and the

@@ -33,7 +33,7 @@ def models(model):
     """Gated DeltaNet beside attention; Mamba-2 alone; Mamba-2 beside attention and MLP
     blocks that hold no cache (Nemotron-H)."""
     out = {"qwen3_next": model}
-    for arch in ("mamba2", "nemotron_h"):
+    for arch in ("mamba2", "nemotron_h", "falcon_h1"):
         out[arch] = random_model({**ARCHS[arch], "vocab_size": 128}, seed=1)
     return out
 
@@ -46,8 +46,10 @@ def test_recurrent_layers_rewind_from_their_trace(models, arch, traced):
     assert not seq.trimmable and list(seq.recurrent) == traced  # by cache index
 
 
-def test_mamba1_layers_rewind_by_replay(tmp_path):
-    seq = Sequence(random_model({**ARCHS["mamba"], "vocab_size": 128}))
+@pytest.mark.parametrize("arch", ["mamba", "falcon_h1"])
+def test_other_recurrent_layers_rewind_by_replay(arch):
+    """Mamba-1; Falcon-H1, whose layers keep an SSM and an attention cache in one list."""
+    seq = Sequence(random_model({**ARCHS[arch], "vocab_size": 128}))
     assert not seq.trimmable and seq.recurrent is None
 
 
@@ -114,7 +116,7 @@ def test_the_overhead_bench_shows_one_call_per_step_where_replay_needs_two():
     assert trace.calls_per_step == 1.0 and replay.calls_per_step > 1.5
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h", "falcon_h1"])
 def test_speculation_on_mamba2_layers_is_greedy_exact(models, arch):
     """A draft of its own kind (rejections rewound on both sides) and the target as its own
     draft (everything kept): the target's greedy output, token for token."""

@@ -117,6 +117,23 @@ ARCHS: dict[str, dict] = {
         hybrid_override_pattern=["M", "*", "-", "M"],
         time_step_limit=[0.001, 100.0],
     ),
+    # An SSM mixer and attention side by side in every layer, one cache list each.
+    "falcon_h1": dict(
+        model_type="falcon_h1",
+        hidden_size=32,
+        intermediate_size=64,
+        head_dim=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        mamba_d_conv=4,
+        mamba_d_head=8,
+        mamba_d_ssm=32,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+        mamba_n_heads=4,
+        mamba_chunk_size=8,
+    ),
     "qwen2_moe": dict(
         model_type="qwen2_moe",
         hidden_size=64,

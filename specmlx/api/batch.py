@@ -23,7 +23,7 @@ from typing import Any
 
 from specmlx.api.config import GenerationConfig, method_of
 from specmlx.api.generate import GenerationResult, encode_prompt
-from specmlx.api.methods import METHODS, owner_of
+from specmlx.api.methods import METHODS, method, owner_of
 from specmlx.api.models import Models
 from specmlx.api.option_names import (
     FRACTIONS,
@@ -119,7 +119,11 @@ def parse_request(record: Any, base: GenerationConfig) -> Request:
     prompt = _prompt_of(record)
     config = base
     if "method" in record and record["method"] != base.method:
-        config = replace(config, method=record["method"], options=None)
+        # The batch's options where they are the line's method's too (suffix and its
+        # hybrids: the shared memory's size and file among them), else its defaults.
+        taken = method(record["method"]).options
+        kept = base.options if isinstance(base.options, taken) else None
+        config = replace(config, method=record["method"], options=kept)
     named = {key: record[key] for key in OPTION_NAMES if record.get(key) is not None}
     if named:
         config = _with_method_options(config, named)

@@ -2,10 +2,10 @@
 
 Two kinds of layer hold, in a two-entry ArraysCache, the last conv_kernel - 1 inputs of a
 causal convolution (entry 0) and a recurrent state (entry 1), both moving forward with every
-token and impossible to trim: Gated DeltaNet (Qwen3.5, Qwen3-Next, OLMo hybrids: mlx-lm's
-`linear_attn`, stepped by `gated_delta_update`) and Mamba-2 SSM mixers (Mamba-2, Nemotron-H,
-Falcon-H1, Granite 4 hybrids, PLaMo 2: a `mixer` or `mamba` module, stepped by
-`ssm_update`). While `recording` is on, each such layer's call also leaves behind what a
+token and impossible to trim: Gated DeltaNet (Qwen3.5, Qwen3-Next: mlx-lm's `linear_attn`,
+stepped by `gated_delta_update`) and Mamba-2 SSM mixers (Mamba-2, Nemotron-H, Granite 4
+hybrids, PLaMo 2: a `mixer` or `mamba` module, stepped by `ssm_update`). A layer whose cache
+entry is anything else (Falcon-H1's list of an SSM and an attention cache) rewinds by replay. While `recording` is on, each such layer's call also leaves behind what a
 rewind needs: the convolution's whole input (the window after position p is rows
 p + 1 .. p + kernel - 1 of it) and the recurrent state after each position (the recurrence
 is run one position at a time, the same arithmetic mlx-lm's own code does for one token,
@@ -25,6 +25,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache
+
+from specmlx.errors import SpecmlxError
 
 
 @dataclass
@@ -53,6 +56,8 @@ def recurrent_layers(model: nn.Module, cache: list[Any]) -> dict[int, nn.Module]
     untrimmable = [i for i, c in enumerate(cache) if not c.is_trimmable()]
     if not mixers or len(mixers) != len(untrimmable):
         return None
+    if not all(isinstance(cache[i], ArraysCache) and len(cache[i].cache) == 2 for i in untrimmable):
+        return None  # not (conv window, state) alone
     if len(layers) == len(cache) and [i for i, _ in mixers] != untrimmable:
         return None
     return {c: m for c, (_, m) in zip(untrimmable, mixers, strict=True)}
@@ -116,10 +121,22 @@ def _stepwise(update: Callable[..., Any], sink: list[list[mx.array]]) -> Callabl
 def _stepwise_ssm(update: Callable[..., Any], sink: list[list[mx.array]]) -> Callable[..., Any]:
     """`ssm_update` one position at a time, keeping the state after each."""
 
-    def step_by_step(x, A_log, B, C, D, dt, dt_bias, state=None, *args, **kwargs):  # noqa: N803
-        given = {**dict(zip(("time_step_limit", "mask", "lengths"), args, strict=False)), **kwargs}
-        assert given.pop("lengths", None) is None, "one sequence: no padded lengths"
-        mask = given.pop("mask", None)
+    def step_by_step(
+        x,
+        A_log,  # noqa: N803
+        B,  # noqa: N803
+        C,  # noqa: N803
+        D,  # noqa: N803
+        dt,
+        dt_bias,
+        state=None,
+        time_step_limit=None,
+        mask=None,
+        lengths=None,
+    ):
+        if lengths is not None:
+            raise SpecmlxError("a traced SSM call runs one sequence, without padded lengths")
+        limit = {} if time_step_limit is None else {"time_step_limit": time_step_limit}
         ys, states = [], []
         for t in range(x.shape[1]):
             one = slice(t, t + 1)
@@ -133,7 +150,7 @@ def _stepwise_ssm(update: Callable[..., Any], sink: list[list[mx.array]]) -> Cal
                 dt_bias,
                 state,
                 mask=None if mask is None else mask[..., one],
-                **given,
+                **limit,
             )
             ys.append(y)
             states.append(state)

@@ -154,9 +154,13 @@ def draft_layer(target_config: dict, draft_vocab: int) -> dict:
     checkpoint's config.json has it, from the target's config.json: its width, attention
     and rope, so the head reads the target's features at the target's scale; vocab_size is
     the draft vocabulary's. A one-line UsageError where the target's config cannot give one.
-    Qwen3.5-style configs nest the text model's sizes under `text_config`: read there.
+    Qwen3.5-style configs nest the text model's sizes under `text_config` (and its rope base
+    under `rope_parameters`): read there.
     """
     target_config = target_config.get("text_config") or target_config
+    rope = target_config.get("rope_parameters") or {}
+    if target_config.get("rope_theta") is None and rope.get("rope_theta") is not None:
+        target_config = {**target_config, "rope_theta": rope["rope_theta"]}
     missing = [
         k
         for k in ("hidden_size", "intermediate_size", "num_attention_heads")
