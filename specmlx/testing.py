@@ -70,6 +70,40 @@ def tiny_hybrid(vocab_size: int = 512, seed: int = 0) -> nn.Module:
     return model
 
 
+def tiny_ssm_hybrid(vocab_size: int = 512, seed: int = 0) -> nn.Module:
+    """A random-weight Nemotron-H: Mamba-2 mixers (an SSM state, a convolution window), an
+    attention layer and an MLP block ("M*-M")."""
+    from mlx_lm.models import nemotron_h
+
+    args = nemotron_h.ModelArgs(
+        model_type="nemotron_h",
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        attention_bias=False,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        mamba_proj_bias=False,
+        ssm_state_size=16,
+        conv_kernel=4,
+        n_groups=2,
+        mlp_bias=False,
+        layer_norm_epsilon=1e-5,
+        use_bias=False,
+        use_conv_bias=True,
+        hybrid_override_pattern=["M", "*", "-", "M"],
+        time_step_limit=(0.001, 100.0),
+    )
+    mx.random.seed(seed)
+    model = nemotron_h.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
 def tiny_models(vocab_size: int = 512, seed: int = 0) -> Models:
     """A tiny target, a tiny draft model of the same vocabulary and random heads for the
     target; no tokenizer."""

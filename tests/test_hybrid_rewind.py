@@ -110,10 +110,16 @@ def test_a_tree_on_a_recurrent_target_is_refused(model):
 def test_the_overhead_bench_shows_one_call_per_step_where_replay_needs_two():
     from specmlx.bench.overhead import measure_rewind
 
-    trace, replay = measure_rewind(draws=1, max_tokens=12)
-    assert trace.rewind == "trace" and replay.rewind == "replay"
-    assert trace.tokens_per_step == replay.tokens_per_step  # the same greedy steps
-    assert trace.calls_per_step == 1.0 and replay.calls_per_step > 1.5
+    rows = measure_rewind(draws=1, max_tokens=12)
+    assert [(r.target, r.rewind) for r in rows] == [
+        ("qwen3_next", "trace"),
+        ("qwen3_next", "replay"),
+        ("nemotron_h", "trace"),
+        ("nemotron_h", "replay"),
+    ]
+    for trace, replay in (rows[:2], rows[2:]):
+        assert trace.tokens_per_step == replay.tokens_per_step  # the same greedy steps
+        assert trace.calls_per_step == 1.0 and replay.calls_per_step > 1.5
 
 
 @pytest.mark.parametrize("arch", ["mamba2", "nemotron_h", "falcon_h1"])

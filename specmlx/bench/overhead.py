@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -35,6 +36,9 @@ from specmlx.bench.syncs import counting_syncs
 from specmlx.engine.costs import CostProfile, measure_costs
 from specmlx.engine.step import Step
 from specmlx.testing import tiny_models
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 
 @dataclass(frozen=True)
@@ -257,8 +261,9 @@ def render_history(points: Seq[HistoryPoint]) -> Table:
 
 @dataclass(frozen=True)
 class RewindRow:
-    """Steps on a hybrid target, its Gated DeltaNet layers rewound one way."""
+    """Steps on a hybrid target, its recurrent layers rewound one way."""
 
+    target: str  # the tiny target's family
     rewind: str  # "trace": the state kept after each position; "replay": the kept tokens again
     steps: int
     tokens_per_step: float
@@ -269,21 +274,31 @@ class RewindRow:
 def measure_rewind(
     draws: int = 3, max_tokens: int = 48, k: int = 4, seed: int = 0
 ) -> tuple[RewindRow, ...]:
-    """The draft model at k on a tiny Qwen3-Next (`specmlx.testing.tiny_hybrid`: two Gated
-    DeltaNet layers, two attention layers) whose random draft keeps few tokens, so most
-    steps rewind: greedy, `draws` generations per rewind, interleaved. Each row counts
-    the target's calls per step and times a step."""
-    from mlx_lm.models import qwen3_next
+    """The draft model at k on two tiny hybrids (`specmlx.testing`): a Qwen3-Next (two Gated
+    DeltaNet layers, two attention layers) and a Nemotron-H (two Mamba-2 mixers, attention,
+    an MLP), whose random draft keeps few tokens, so most steps rewind: greedy, `draws`
+    generations per rewind, interleaved. Each row counts the target's calls per step and
+    times a step."""
+    from specmlx.testing import tiny_hybrid, tiny_ssm_hybrid
 
+    rows: list[RewindRow] = []
+    for name, make in (("qwen3_next", tiny_hybrid), ("nemotron_h", tiny_ssm_hybrid)):
+        rows += _rewinds(name, make(seed=seed), draws, max_tokens, k, seed)
+    return tuple(rows)
+
+
+def _rewinds(
+    name: str, target: nn.Module, draws: int, max_tokens: int, k: int, seed: int
+) -> list[RewindRow]:
     from specmlx.engine.cache import Sequence
-    from specmlx.testing import tiny_hybrid, tiny_llama
+    from specmlx.testing import tiny_llama
 
-    target = tiny_hybrid(seed=seed)
     models = Models(target=target, tokenizer=None, draft=tiny_llama(seed=seed + 1))
     config = GenerationConfig(method="draft", k=k, max_tokens=max_tokens)
     prompt = [(7 * i) % 61 + 3 for i in range(32)]
     calls = [0]
-    call = qwen3_next.Model.__call__
+    kind = type(target)
+    call = kind.__call__
 
     def counted(self, *args, **kwargs):
         calls[0] += self is target
@@ -293,7 +308,7 @@ def measure_rewind(
         "trace": ([], [], []),
         "replay": ([], [], []),
     }
-    qwen3_next.Model.__call__ = counted
+    kind.__call__ = counted
     try:
         for draw in range(draws + 1):  # draw 0 warms up
             for rewind, (seconds, counts, tokens) in seen.items():
@@ -307,10 +322,11 @@ def measure_rewind(
                         tokens.append(len(step.tokens))
                     calls[0], last = 0, time.perf_counter()
     finally:
-        qwen3_next.Model.__call__ = call
+        kind.__call__ = call
         Sequence.trace_recurrent = True
-    return tuple(
+    return [
         RewindRow(
+            name,
             rewind,
             len(seconds),
             statistics.mean(tokens),
@@ -318,20 +334,22 @@ def measure_rewind(
             1000 * statistics.median(seconds),
         )
         for rewind, (seconds, counts, tokens) in seen.items()
-    )
+    ]
 
 
 def render_rewind(rows: Seq[RewindRow]) -> Table:
     table = Table(
-        title="rewinding a hybrid target (Gated DeltaNet + attention): kept states vs replay",
-        caption="The draft model at k=4 on a tiny random Qwen3-Next, greedy, interleaved "
-        "draws; calls: target calls per step (the verify call, plus a replay of the kept "
-        "tokens where the state was only checkpointed).",
+        title="rewinding hybrid targets: kept states vs replay",
+        caption="The draft model at k=4 on a tiny random Qwen3-Next (Gated DeltaNet + "
+        "attention) and Nemotron-H (Mamba-2 + attention + MLP), greedy, interleaved draws; "
+        "calls: target calls per step (the verify call, plus a replay of the kept tokens "
+        "where the state was only checkpointed).",
     )
-    for title in ("rewind", "steps", "tok/step", "target calls/step", "ms/step"):
-        table.add_column(title, justify="left" if title == "rewind" else "right")
+    for title in ("target", "rewind", "steps", "tok/step", "target calls/step", "ms/step"):
+        table.add_column(title, justify="left" if title in ("target", "rewind") else "right")
     for row in rows:
         table.add_row(
+            row.target,
             row.rewind,
             str(row.steps),
             f"{row.tokens_per_step:.2f}",
