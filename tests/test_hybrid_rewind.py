@@ -33,13 +33,19 @@ def models(model):
     """Gated DeltaNet beside attention; Mamba-2 alone; Mamba-2 beside attention and MLP
     blocks that hold no cache (Nemotron-H)."""
     out = {"qwen3_next": model}
-    for arch in ("mamba2", "nemotron_h", "falcon_h1"):
+    for arch in ("mamba2", "nemotron_h", "granitemoehybrid", "falcon_h1"):
         out[arch] = random_model({**ARCHS[arch], "vocab_size": 128}, seed=1)
     return out
 
 
 @pytest.mark.parametrize(
-    "arch, traced", [("qwen3_next", [0, 2]), ("mamba2", [0, 1]), ("nemotron_h", [0, 2])]
+    "arch, traced",
+    [
+        ("qwen3_next", [0, 2]),
+        ("mamba2", [0, 1]),
+        ("nemotron_h", [0, 2]),
+        ("granitemoehybrid", [0, 2]),
+    ],
 )
 def test_recurrent_layers_rewind_from_their_trace(models, arch, traced):
     seq = Sequence(models[arch])
@@ -53,7 +59,7 @@ def test_other_recurrent_layers_rewind_by_replay(arch):
     assert not seq.trimmable and seq.recurrent is None
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2", "nemotron_h", "granitemoehybrid"])
 @pytest.mark.parametrize("kept", [0, 1, 2, 4])
 def test_after_any_rewind_the_state_is_a_fresh_prefill_s(models, arch, kept):
     model = models[arch]
@@ -122,7 +128,7 @@ def test_the_overhead_bench_shows_one_call_per_step_where_replay_needs_two():
         assert trace.calls_per_step == 1.0 and replay.calls_per_step > 1.5
 
 
-@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h", "falcon_h1"])
+@pytest.mark.parametrize("arch", ["mamba2", "nemotron_h", "granitemoehybrid", "falcon_h1"])
 def test_speculation_on_mamba2_layers_is_greedy_exact(models, arch):
     """A draft of its own kind (rejections rewound on both sides) and the target as its own
     draft (everything kept): the target's greedy output, token for token."""
