@@ -6,6 +6,8 @@ DeltaNet and attention layers). No tokenizer, no files.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -70,34 +72,38 @@ def tiny_hybrid(vocab_size: int = 512, seed: int = 0) -> nn.Module:
     return model
 
 
+# A tiny Nemotron-H's config (all but vocab_size): Mamba-2 mixers around an attention layer
+# and an MLP block, "M*-M".
+TINY_NEMOTRON_H: dict[str, Any] = dict(
+    model_type="nemotron_h",
+    hidden_size=64,
+    intermediate_size=128,
+    max_position_embeddings=4096,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    attention_bias=False,
+    mamba_num_heads=4,
+    mamba_head_dim=16,
+    mamba_proj_bias=False,
+    ssm_state_size=16,
+    conv_kernel=4,
+    n_groups=2,
+    mlp_bias=False,
+    layer_norm_epsilon=1e-5,
+    use_bias=False,
+    use_conv_bias=True,
+    hybrid_override_pattern=["M", "*", "-", "M"],
+    time_step_limit=(0.001, 100.0),
+)
+
+
 def tiny_ssm_hybrid(vocab_size: int = 512, seed: int = 0) -> nn.Module:
-    """A random-weight Nemotron-H: Mamba-2 mixers (an SSM state, a convolution window), an
-    attention layer and an MLP block ("M*-M")."""
+    """A random-weight Nemotron-H (`TINY_NEMOTRON_H`): Mamba-2 mixers (an SSM state, a
+    convolution window), an attention layer and an MLP block."""
     from mlx_lm.models import nemotron_h
 
-    args = nemotron_h.ModelArgs(
-        model_type="nemotron_h",
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        max_position_embeddings=4096,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        attention_bias=False,
-        mamba_num_heads=4,
-        mamba_head_dim=16,
-        mamba_proj_bias=False,
-        ssm_state_size=16,
-        conv_kernel=4,
-        n_groups=2,
-        mlp_bias=False,
-        layer_norm_epsilon=1e-5,
-        use_bias=False,
-        use_conv_bias=True,
-        hybrid_override_pattern=["M", "*", "-", "M"],
-        time_step_limit=(0.001, 100.0),
-    )
+    args = nemotron_h.ModelArgs(**TINY_NEMOTRON_H, vocab_size=vocab_size)
     mx.random.seed(seed)
     model = nemotron_h.Model(args)
     mx.eval(model.parameters())

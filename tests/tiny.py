@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specmlx.testing import TINY_NEMOTRON_H
+
 CORPUS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
     "def fibonacci(n):\n    if n <= 0:\n        return 0\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
@@ -95,28 +97,7 @@ ARCHS: dict[str, dict] = {
         time_step_limit=[0.001, 100.0],
         time_step_rank="auto",
     ),
-    "nemotron_h": dict(
-        model_type="nemotron_h",
-        hidden_size=64,
-        intermediate_size=128,
-        max_position_embeddings=4096,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        attention_bias=False,
-        mamba_num_heads=4,
-        mamba_head_dim=16,
-        mamba_proj_bias=False,
-        ssm_state_size=8,
-        conv_kernel=4,
-        n_groups=2,
-        mlp_bias=False,
-        layer_norm_epsilon=1e-5,
-        use_bias=False,
-        use_conv_bias=True,
-        hybrid_override_pattern=["M", "*", "-", "M"],
-        time_step_limit=[0.001, 100.0],
-    ),
+    "nemotron_h": dict(TINY_NEMOTRON_H),
     # Granite 4 hybrids: Mamba-2 layers around an attention layer.
     "granitemoehybrid": dict(
         model_type="granitemoehybrid",
