@@ -16,7 +16,7 @@ from safetensors import safe_open
 from typer.testing import CliRunner
 
 import specmlx
-from specmlx.api.methods import METHODS
+from specmlx.api.methods import METHODS, EagleOptions, MedusaOptions, SuffixOptions
 from specmlx.api.models import Models
 from specmlx.cli import app
 from specmlx.drafters.draft_model import DraftModelDrafter
@@ -198,13 +198,21 @@ def test_greedy_chain_methods_equal_plain(loaded, kind, method):
 @pytest.mark.parametrize("method", ["medusa", "eagle", "suffix+heads"])
 def test_heads_draft_chains_on_a_hybrid(loaded, heads, kind, method):
     """Heads, which draft trees elsewhere, draft chains here (one token per head or level):
-    greedy output as plain decoding's, at a fixed k and at -k auto."""
+    greedy output as plain decoding's, at a fixed k and at -k auto. At the fixed k the
+    chain's length is fixed too (tree_size 4): sized by the machine's timed call costs,
+    random heads' drafts may not pay at all."""
     models = Models(loaded[kind].target, loaded[kind].tokenizer, heads=heads[kind])
+    fixed = {"medusa": MedusaOptions, "eagle": EagleOptions, "suffix+heads": SuffixOptions}
     for k in (3, None):
-        config = specmlx.GenerationConfig(method=method, k=k, max_tokens=24, chat_template=False)
+        options = fixed[method](tree_size=4) if k is not None else None
+        config = specmlx.GenerationConfig(
+            method=method, options=options, k=k, max_tokens=24, chat_template=False
+        )
         session = specmlx.Session(models, config)
         steps = list(session.steps(models.tokenizer.encode(PROMPT)))
-        plain = specmlx.generate(models, PROMPT, replace(config, method="none", k=None))
+        plain = specmlx.generate(
+            models, PROMPT, replace(config, method="none", options=None, k=None)
+        )
         assert [t for s in steps for t in s.tokens] == plain.token_ids, (method, k)
         assert not any(s.tree for s in steps)
         if k is not None:

@@ -1,6 +1,6 @@
 """Each method's options by the name users give them: `--tree-size` on the command line,
 "tree_size" on a `specmlx batch` line. One table for both; the options dataclasses in
-`specmlx.api.methods` check the values' ranges."""
+`specmlx.api.options` check the values' ranges."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def implied_method(names: list[str]) -> Method | None:
     """The one method every named option belongs to (suffix alone, not its hybrids, where
     only suffix options are named); None where they name none or several."""
     common = set.intersection(*({m.name for m in owners(n)} for n in names))
-    kinds = {m.options for m in (owners(names[0])) if m.name in common}
+    kinds = {m.options for m in owners(names[0]) if m.name in common}
     return owner_of(kinds.pop()) if len(kinds) == 1 else None
 
 

@@ -10,9 +10,9 @@ the common prefix of two turns. Rewind is exact for each cache kind:
   whole history, so it can always be trimmed, where a rotating buffer past its window has
   overwritten what a rewind would need.
 - Gated DeltaNet and Mamba-2 layers (ArraysCache of Qwen3.5 / Qwen3-Next, Mamba-2 and
-  Nemotron-H-style hybrids; not Falcon-H1's CacheList): the verify call itself keeps their state after each position
-  (`specmlx.engine.recurrent`); a rewind sets the state at the last kept token and runs
-  nothing.
+  Nemotron-H-style hybrids; not Falcon-H1's CacheList): the verify call itself keeps their
+  state after each position (`specmlx.engine.recurrent`); a rewind sets the state at the
+  last kept token and runs nothing.
 - Anything else that can't be trimmed (Mamba-1, Falcon-H1): checkpoint
   the state before the unverified tokens go in, and on rewind restore it and replay the
   tokens that were kept.

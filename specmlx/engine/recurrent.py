@@ -5,8 +5,9 @@ causal convolution (entry 0) and a recurrent state (entry 1), both moving forwar
 token and impossible to trim: Gated DeltaNet (Qwen3.5, Qwen3-Next: mlx-lm's `linear_attn`,
 stepped by `gated_delta_update`) and Mamba-2 SSM mixers (Mamba-2, Nemotron-H, Granite 4
 hybrids, PLaMo 2: a `mixer` or `mamba` module, stepped by `ssm_update`). A layer whose cache
-entry is anything else (Falcon-H1's list of an SSM and an attention cache) rewinds by replay. While `recording` is on, each such layer's call also leaves behind what a
-rewind needs: the convolution's whole input (the window after position p is rows
+entry is anything else (Falcon-H1's list of an SSM and an attention cache) rewinds by
+replay. While `recording` is on, each such layer's call also leaves behind what a rewind
+needs: the convolution's whole input (the window after position p is rows
 p + 1 .. p + kernel - 1 of it) and the recurrent state after each position (the recurrence
 is run one position at a time, the same arithmetic mlx-lm's own code does for one token,
 with the projections still batched). A rewind then picks the state at the last kept token
@@ -44,7 +45,15 @@ class Trace:
 KINDS = ((("linear_attn",), "gated_delta_update"), (("mixer", "mamba"), "ssm_update"))
 
 
-def recurrent_layers(model: nn.Module, cache: list[Any]) -> dict[int, nn.Module] | None:
+@dataclass(frozen=True)
+class Mixer:
+    """A recurrent layer's mixer, and the name of the function its module steps it with."""
+
+    module: nn.Module
+    update: str  # "gated_delta_update" or "ssm_update"
+
+
+def recurrent_layers(model: nn.Module, cache: list[Any]) -> dict[int, Mixer] | None:
     """The model's recurrent mixers by cache index, when they are all its untrimmable
     cache entries (None otherwise: another kind of recurrence, e.g. Mamba-1, which rewinds
     by replay). Layers without a cache entry (Nemotron-H's MLP blocks) are skipped: the
@@ -63,19 +72,17 @@ def recurrent_layers(model: nn.Module, cache: list[Any]) -> dict[int, nn.Module]
     return {c: m for c, (_, m) in zip(untrimmable, mixers, strict=True)}
 
 
-def _mixer(layer: nn.Module) -> nn.Module | None:
+def _mixer(layer: nn.Module) -> Mixer | None:
     for attributes, update in KINDS:
         for attribute in attributes:
             module = getattr(layer, attribute, None)
-            if module is not None and hasattr(module, "conv1d") and _update(module) == update:
-                return module
+            if (
+                module is not None
+                and hasattr(module, "conv1d")
+                and hasattr(sys.modules[type(module).__module__], update)
+            ):
+                return Mixer(module, update)
     return None
-
-
-def _update(module: nn.Module) -> str | None:
-    """The name of the recurrence function the mixer's module holds, if any."""
-    namespace = sys.modules[type(module).__module__]
-    return next((u for _, u in KINDS if hasattr(namespace, u)), None)
 
 
 class _Tap(nn.Module):
@@ -164,26 +171,25 @@ STEPWISE = {"gated_delta_update": _stepwise, "ssm_update": _stepwise_ssm}
 
 
 @contextmanager
-def recording(layers: dict[int, nn.Module]) -> Iterator[dict[int, Trace]]:
+def recording(layers: dict[int, Mixer]) -> Iterator[dict[int, Trace]]:
     """Around one call of the model: the `Trace` of each of its recurrent mixers (`layers`,
     by cache index), filled into the dict yielded when the block ends."""
     convs: list[mx.array] = []
     states: list[list[mx.array]] = []
     patched: dict[int, tuple[Any, str, Callable[..., Any]]] = {}
-    for m in layers.values():
-        ns, update = sys.modules[type(m).__module__], _update(m)
-        assert update is not None
-        patched.setdefault(id(ns), (ns, update, getattr(ns, update)))
+    for mixer in layers.values():
+        ns = sys.modules[type(mixer.module).__module__]
+        patched.setdefault(id(ns), (ns, mixer.update, getattr(ns, mixer.update)))
     traces: dict[int, Trace] = {}
-    for m in layers.values():
-        m.conv1d = _Tap(m.conv1d, convs)
+    for mixer in layers.values():
+        mixer.module.conv1d = _Tap(mixer.module.conv1d, convs)
     for ns, update, original in patched.values():
         setattr(ns, update, STEPWISE[update](original, states))
     try:
         yield traces
     finally:
-        for m in layers.values():
-            m.conv1d = m.conv1d.inner
+        for mixer in layers.values():
+            mixer.module.conv1d = mixer.module.conv1d.inner
         for ns, update, original in patched.values():
             setattr(ns, update, original)
     assert len(convs) == len(states) == len(layers), "one call runs each layer once"
