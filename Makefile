@@ -98,7 +98,7 @@ bench-scripting: models openblas
 		$(SCRIPTING) --max-tokens 64 --repeats 2 $(call BENCH_OUT,scripting-smollm2-chat)
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
 		--suite scripting --limit 12 $(SCRIPTING) --method draft --method suffix+draft \
-		--max-tokens 64 $(call BENCH_OUT,scripting-qwen)
+		--max-tokens 64 --repeats 2 $(call BENCH_OUT,scripting-qwen)
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
 		--suite chat --suite creative --limit 2 $(SCRIPTING) --method draft --method suffix+draft \
 		--max-tokens 64 $(call BENCH_OUT,scripting-qwen-chat)

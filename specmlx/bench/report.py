@@ -20,6 +20,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specmlx.bench.bound import DEPTH, LookupBound
 from specmlx.bench.run import NONE, RowSpec
 from specmlx.bench.summary import Report
 from specmlx.errors import UsageError
@@ -115,7 +116,33 @@ def as_data(report: Report) -> dict[str, Any]:
         "costs": report.costs.as_dict() if report.costs is not None else None,
         "results": [record_data(r) for r in report.results],
         "summary": [record_data(s) for s in report.summary],
+        "lookup_bounds": [bound_data(b) for b in report.bounds],
     }
+
+
+def bound_data(bound: LookupBound) -> dict[str, Any]:
+    return asdict(bound) | {
+        "tokens_per_call_within": bound.tokens_per_call_within,
+        "tokens_per_call_with_memory": bound.tokens_per_call_with_memory,
+        "speedup_within": bound.speedup_within,
+        "speedup_with_memory": bound.speedup_with_memory,
+    }
+
+
+BOUND_TITLE = (
+    f"Lookup bound (T=0, from the target alone's answers): the tokens per call of a lookup "
+    f"that always drafts the longest continuation (up to {DEPTH} tokens) found verbatim in "
+    "the request (prompt lookup's reach) or also in the suite's earlier answers (suffix "
+    "decoding's), and the × target alone that gives at the calibrated v(n). No drafter of "
+    "that text keeps more."
+)
+BOUND_COLUMNS = (
+    ("suite", "suite", "{}"),
+    ("tok/call: request", "tokens_per_call_within", "{:.2f}"),
+    ("tok/call: + earlier answers", "tokens_per_call_with_memory", "{:.2f}"),
+    ("× request", "speedup_within", "{:.2f}"),
+    ("× + earlier answers", "speedup_with_memory", "{:.2f}"),
+)
 
 
 def header_lines(report: Report) -> list[str]:
@@ -167,7 +194,15 @@ def render(report: Report) -> Group:
             table.add_section()
         previous = group
         table.add_row(*(_cell(line[key], fmt) for _, key, fmt in COLUMNS))
-    return Group(Text("\n".join(header_lines(report)), style="dim"), table)
+    parts = [Text("\n".join(header_lines(report)), style="dim"), table]
+    if report.bounds:
+        bounds = Table(caption=BOUND_TITLE)
+        for title, _, _ in BOUND_COLUMNS:
+            bounds.add_column(title, justify="left" if title == "suite" else "right")
+        for line in map(bound_data, report.bounds):
+            bounds.add_row(*(_cell(line[key], fmt) for _, key, fmt in BOUND_COLUMNS))
+        parts.append(bounds)
+    return Group(*parts)
 
 
 def markdown(report: Report) -> str:
@@ -177,7 +212,19 @@ def markdown(report: Report) -> str:
     lines.append("|" + "---|" * len(COLUMNS))
     for line in map(record_data, report.summary):
         lines.append("| " + " | ".join(_cell(line[key], fmt) for _, key, fmt in COLUMNS) + " |")
-    return "\n".join(lines + identity_lines(report)) + "\n"
+    return "\n".join(lines + bound_lines(report) + identity_lines(report)) + "\n"
+
+
+def bound_lines(report: Report) -> list[str]:
+    """Under the table, the lookup bound of each suite, where it was found."""
+    if not report.bounds:
+        return []
+    lines = ["", BOUND_TITLE, ""]
+    lines.append("| " + " | ".join(title for title, _, _ in BOUND_COLUMNS) + " |")
+    lines.append("|" + "---|" * len(BOUND_COLUMNS))
+    for line in map(bound_data, report.bounds):
+        lines.append("| " + " | ".join(_cell(line[k], f) for _, k, f in BOUND_COLUMNS) + " |")
+    return lines
 
 
 def identity_lines(report: Report) -> list[str]:

@@ -182,6 +182,7 @@ class Measurement:
     decode_seconds: float = 0.0  # time after the first step
     seconds: float = 0.0  # whole call, prefill included
     decode_steps: tuple[Step, ...] = ()  # every step after the first; mlx-lm reports none
+    prompt_ids: tuple[int, ...] = ()  # the prompt as the target read it
 
     @property
     def tokens_per_sec(self) -> float:
@@ -229,6 +230,7 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
                             suite=suite.name,
                             prompt_id=prompt.id,
                             repeat=repeat,
+                            prompt_ids=tuple(prompt_ids),
                         )
 
 

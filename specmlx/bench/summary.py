@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specmlx.api.methods import METHODS
+from specmlx.bench.bound import LookupBound, bound_of, lookup_bound
 from specmlx.bench.run import MLX_LM, MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec
 from specmlx.engine.costs import CostProfile, acceptance_from_tokens
 from specmlx.engine.stats import Stats
@@ -114,6 +115,8 @@ class Report:
     costs: CostProfile | None
     results: tuple[PromptResult, ...]
     summary: tuple[SummaryRow, ...]
+    # At T = 0, per suite (and half): how far any lookup of the run's own text could go.
+    bounds: tuple[LookupBound, ...] = ()
 
 
 def build_report(
@@ -145,7 +148,32 @@ def build_report(
                 summary.append(
                     summarize_row(row, runs, prompts, costs, temperature, suite, plain_step)
                 )
-    return Report(config, environment, costs, tuple(results), tuple(summary))
+    bounds = lookup_bounds(config, kept, costs)
+    return Report(config, environment, costs, tuple(results), tuple(summary), bounds)
+
+
+def lookup_bounds(
+    config: BenchConfig, kept: list[Measurement], costs: CostProfile | None
+) -> tuple[LookupBound, ...]:
+    """`specmlx.bench.bound` over the target alone's greedy answers (its first repeat), per
+    suite in the order its prompts ran, and per group of `suite_groups`."""
+    answers = {
+        (m.suite, m.prompt_id): (m.prompt_ids, m.token_ids)
+        for m in kept
+        if m.temperature == 0 and m.row == NONE and m.repeat == 0 and m.prompt_ids
+    }
+    verify_cost = costs.verify_cost if costs is not None else None
+    lookups = {}
+    for suite in config.suites:
+        ran = [(suite.name, p.id) for p in suite.prompts if (suite.name, p.id) in answers]
+        found = lookup_bound([answers[key] for key in ran], verify_cost)
+        lookups.update(zip(ran, found, strict=True))
+    bounds = []
+    for name, holds in suite_groups(config).items():
+        bound = bound_of(name, [pair for key, pair in lookups.items() if holds(*key)])
+        if bound is not None:
+            bounds.append(bound)
+    return tuple(bounds)
 
 
 def suite_groups(config: BenchConfig) -> dict[str, Callable[[str, str], bool]]:
