@@ -100,8 +100,8 @@ bench-scripting: models openblas
 		--suite scripting --limit 12 $(SCRIPTING) --method draft --method suffix+draft \
 		--max-tokens 64 --repeats 2 $(call BENCH_OUT,scripting-qwen)
 	$(PRELOAD) $(SPECMLX) bench --target qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b \
-		--suite chat --suite creative --limit 2 $(SCRIPTING) --method draft --method suffix+draft \
-		--max-tokens 64 $(call BENCH_OUT,scripting-qwen-chat)
+		--suite chat --suite creative --limit 2 --method suffix --method suffix+draft -k auto \
+		--no-mlx-lm --warmup 1 --max-tokens 64 --repeats 2 $(call BENCH_OUT,scripting-qwen-chat)
 
 # The Qwen pair quantized to 8 and 4 bits (float32 scales and activations, as the CPU runs
 # fastest), beside fp32 in the same regime (OpenBLAS preloaded): the target alone, draft k=4

@@ -20,9 +20,9 @@ the run's final `Stats` (for mlx-lm's rows, built from what mlx-lm reports);
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 
@@ -30,17 +30,19 @@ from specmlx.api.config import GenerationConfig
 from specmlx.api.generate import encode_prompt
 from specmlx.api.methods import METHODS, MethodOptions
 from specmlx.api.models import Models
+from specmlx.api.options import SuffixOptions
 from specmlx.api.session import Session
 from specmlx.bench.suites import Suite
+from specmlx.drafters.suffix_store import SuffixStore
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.engine.step import Step
 from specmlx.errors import UsageError
 
-if TYPE_CHECKING:
-    from specmlx.drafters.suffix_store import SuffixStore
-
 MLX_LM = "mlx-lm"
+# A group of measurements: every row on one prompt and repeat at one temperature, as
+# (temperature, suite, prompt id, repeat).
+GroupKey = tuple[float, str, str, int]
 
 
 @dataclass(frozen=True)
@@ -191,16 +193,29 @@ class Measurement:
         return len(self.token_ids) / self.seconds if self.seconds else 0.0
 
 
-def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
+def run(
+    models: Models,
+    config: BenchConfig,
+    done: dict[GroupKey, list[Measurement]] | None = None,
+    keep: Callable[[GroupKey, list[Measurement]], None] | None = None,
+) -> Iterator[Measurement]:
     """Warm up every row, then measure every row on every prompt, repeat and temperature.
 
     A method that remembers answers (suffix decoding) keeps one memory per row, temperature,
     suite and repeat, filled in prompt order: a row never drafts from another row's answers
-    (the same text at T=0), nor a repeat from an earlier repeat's."""
+    (the same text at T=0), nor a repeat from an earlier repeat's.
+
+    `done`: groups (every row on one prompt and repeat, at one temperature) measured by an
+    earlier run of the same bench (`specmlx.bench.journal`): yielded as they were, their
+    answers put in the rows' memories, not measured again. `keep` is handed each group this
+    run finishes."""
+    done = done or {}
     first = config.suites[0].prompts[0]
     first_ids = encode_prompt(models, first.text, config.chat_template)
     memories: dict[tuple[Any, ...], SuffixStore | None] = {}
-    for i in range(config.warmup):
+    groups = len(config.temperatures) * config.repeats * sum(len(s.prompts) for s in config.suites)
+    warmup = config.warmup if len(done) < groups else 0  # nothing left to measure: no warm-up
+    for i in range(warmup):
         for row in config.rows:
             mx.random.seed(config.seed + i)
             sampling = row.sampling or config.sampling(config.temperatures[0])
@@ -213,6 +228,13 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
             for index, prompt in enumerate(suite.prompts):
                 prompt_ids = encode_prompt(models, prompt.text, config.chat_template)
                 for repeat in range(config.repeats):
+                    key = (temperature, suite.name, prompt.id, repeat)
+                    if key in done:
+                        for measured in done[key]:
+                            _remember(models, config, memories, key, measured)
+                            yield measured
+                        continue
+                    group = []
                     seed = config.seed + 1000 * index + repeat
                     for row in config.rows:
                         mx.random.seed(seed)  # every row draws from the same stream
@@ -224,14 +246,40 @@ def run(models: Models, config: BenchConfig) -> Iterator[Measurement]:
                             models, row, prompt_ids, config.max_tokens, sampling, options
                         )
                         memories[memory] = models.suffix_store
-                        yield replace(
-                            result,
-                            temperature=temperature,
-                            suite=suite.name,
-                            prompt_id=prompt.id,
-                            repeat=repeat,
-                            prompt_ids=tuple(prompt_ids),
+                        group.append(
+                            replace(
+                                result,
+                                temperature=temperature,
+                                suite=suite.name,
+                                prompt_id=prompt.id,
+                                repeat=repeat,
+                                prompt_ids=tuple(prompt_ids),
+                            )
                         )
+                        yield group[-1]
+                    if keep is not None:
+                        keep(key, group)
+
+
+def _remember(
+    models: Models,
+    config: BenchConfig,
+    memories: dict[tuple[Any, ...], SuffixStore | None],
+    key: GroupKey,
+    measured: Measurement,
+) -> None:
+    """Put an answer measured by an earlier run into its row's memory, as its run did."""
+    method = METHODS.get(measured.row.method)
+    if method is None or not method.remembers:
+        return
+    temperature, suite, _, repeat = key
+    memory = (measured.row, temperature, suite, repeat)
+    store = memories.get(memory)
+    if store is None:
+        options = config.options_of(measured.row)
+        budget = getattr(options, "memory", SuffixOptions.memory)
+        store = memories[memory] = SuffixStore(budget, models.tokenizer_id)
+    store.record(list(measured.prompt_ids), list(measured.token_ids))
 
 
 def run_row(

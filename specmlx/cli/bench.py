@@ -82,7 +82,11 @@ def bench(
     *,
     opts: SharedOptions,
 ) -> None:
-    """Benchmark the target alone, each method and k, and mlx-lm, interleaved per prompt."""
+    """Benchmark the target alone, each method and k, and mlx-lm, interleaved per prompt.
+
+    A run stopped midway goes on where it stopped when the same command runs again: the
+    groups it measured are kept in a journal beside the first report file (--json, --csv,
+    --markdown or --plot), removed once the report is written."""
     from rich.console import Console
 
     if overhead:
@@ -124,6 +128,7 @@ def bench(
     from specmlx.api.calibration import load_or_measure
     from specmlx.api.load import load
     from specmlx.bench.environment import environment
+    from specmlx.bench.journal import Journal, journal_path, run_identity
     from specmlx.bench.run import run
     from specmlx.bench.summary import build_report
     from specmlx.progress import progress_bar
@@ -141,11 +146,26 @@ def bench(
         # The same calibration adaptive k uses (measured once per device and pair, cached).
         with_draft = models.draft is not None
         profile = load_or_measure(models, with_draft)[0] if costs else None
+    journal = None
+    where = journal_path((json_path, csv_path, markdown_path, plot))
+    if where is not None:
+        loaded = {"target": models.target_path, "draft": models.draft_path}
+        journal = Journal.open(where, run_identity(config, loaded, sorted(models.heads)))
+        if journal.done:
+            err.print(f"resuming from {where}: {len(journal.done)} groups measured before")
+    done = journal.done if journal is not None else {}
+    replayed = {id(m) for group in done.values() for m in group}
     measurements = []
-    with progress_bar(True, "benchmarking", config.total_runs) as bar:
-        for m in run(models, config):
-            measurements.append(m)
-            bar.advance(f"{m.suite} {m.prompt_id} {m.row}")
+    with progress_bar(True, "benchmarking", config.total_runs, len(replayed)) as bar:
+        try:
+            for m in run(models, config, done, journal.keep if journal is not None else None):
+                measurements.append(m)
+                if id(m) not in replayed:
+                    bar.advance(f"{m.suite} {m.prompt_id} {m.row}")
+        except KeyboardInterrupt:
+            if journal is not None:
+                err.print(f"what was measured is kept in {where}: the same command goes on")
+            raise
     report = build_report(config, measurements, env, profile)
     # A log file gets the whole table, not one cut to 80 columns.
     Console(width=None if sys.stdout.isatty() else 200).print(bench_report.render(report))
@@ -159,6 +179,8 @@ def bench(
         if path is not None:
             write_atomic(path, writer(report))
             err.print(f"wrote {path}")
+    if journal is not None:
+        journal.remove()  # the report holds it all now
 
 
 def plan(
