@@ -1,17 +1,19 @@
 """Where a long bench keeps what it measured, so that a run stopped midway (Ctrl-C, a
 session's end) goes on from there.
 
-A bench that writes a report keeps a journal beside it (`journal_path`): a first line that
-names the run (its options, prompts and models, `run_identity`), then one line per finished
-group, every row's measurement of one prompt and repeat at one temperature. The same command
-run again reads it, measures only the groups it lacks (`specmlx.bench.run.run`) and reports
-over all of them; a journal of another run is refused in one line. A line cut off by a stop
-is dropped. The CLI removes the journal once the report is written.
+A bench that writes a report keeps a journal beside it (`journal_path`), begun when its first
+group finishes: a first line that names the run (its options, prompts, models and the
+software and device measuring, `run_identity`), then one line per finished group, every
+row's measurement of one prompt and repeat at one temperature, and what each suffix memory
+had learnt to trust after it. The same command run again reads it, measures only the groups
+it lacks (`specmlx.bench.run.run`) and reports over all of them; a journal of another run is
+refused in one line, unless no group of it finished. A line cut off by a stop is dropped.
+The CLI removes the journal once the report is written.
 
-What a resumed run does not carry over from the groups measured before: what adaptive k
-learned of each drafter (it starts again from the calibrated costs and its priors), and
-suffix decoding's trust; each row's suffix memory is refilled with the answers measured
-before.
+A resumed run refills each row's suffix memory with the answers measured before, and its
+trust as it stood; what adaptive k learned of each drafter's costs and acceptance is not
+carried over (it starts again from the calibrated costs and its priors), and the report
+says how many groups were measured before.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from specmlx.bench.run import BenchConfig, GroupKey, Measurement, RowSpec
+from specmlx.bench.run import BenchConfig, Group, GroupKey, Measurement, RowSpec
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.engine.step import Step
@@ -41,12 +43,16 @@ def journal_path(outputs: tuple[Path | None, ...]) -> Path | None:
 
 
 def run_identity(
-    config: BenchConfig, models: dict[str, Path | None], heads: list[str]
+    config: BenchConfig,
+    models: dict[str, Path | None],
+    heads: list[str],
+    environment: dict[str, Any],
+    journal: Path,
 ) -> dict[str, Any]:
     """What makes two bench runs the same run: every option that changes a measurement,
-    each prompt's text (by hash), the models' paths (from the working folder where they lie
-    in it, so a checkout elsewhere goes on too) and the heads' kinds. Warm-up and output
-    files are not."""
+    each prompt's text (by hash), the models (their paths from the journal's folder, so a
+    checkout elsewhere goes on too; the heads as given), and the software and device that
+    measure (versions, device, backend, BLAS). Warm-up and output files are not."""
     return _plain(
         {
             "suites": [
@@ -66,87 +72,98 @@ def run_identity(
             "seed": config.seed,
             "chat_template": config.chat_template,
             "options": {type(o).__name__: asdict(o) for o in config.options},
-            "models": {role: _where(path) for role, path in models.items()},
+            "models": {role: _relative(path, journal.parent) for role, path in models.items()},
             "heads": heads,
+            "measured_by": {
+                key: environment.get(key)
+                for key in ("specmlx", "mlx", "mlx_lm", "device", "backend", "blas")
+            },
         }
     )
 
 
-def _where(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    path = Path(path).resolve()
-    cwd = Path.cwd().resolve()
-    return str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
-
-
 class Journal:
     """The groups a bench run finished, read back from its journal file, and the file that
-    each newly finished group is appended to."""
+    each newly finished group is appended to (begun with the first one)."""
 
-    def __init__(self, path: Path, done: dict[GroupKey, list[Measurement]]):
+    def __init__(self, path: Path, header: dict[str, Any], done: dict[GroupKey, Group]):
         self.path = path
+        self.header = header
         self.done = done
+        self._begun = bool(done)
 
     @classmethod
     def open(cls, path: Path, identity: dict[str, Any]) -> Journal:
-        """The journal at `path` of the run `identity` names: read back if there is one
-        (refused if it is another run's), else begun."""
+        """The journal at `path` of the run `identity` names: its groups read back if it
+        holds some (refused if it is another run's); a file with none is begun anew."""
         header = {"format": FORMAT, "version": VERSION, "run": identity}
         if not path.exists():
-            write_atomic(path, json.dumps(header) + "\n")
-            return cls(path, {})
+            return cls(path, header, {})
         try:
-            lines = path.read_text("utf-8").splitlines()
+            text = path.read_text("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"cannot read the bench journal {path}: {exc}") from None
+        lines = text.splitlines()
         try:
             first = json.loads(lines[0]) if lines else None
         except ValueError:
             first = None
         if not isinstance(first, dict) or first.get("format") != FORMAT:
             raise UsageError(f"{path} is not a bench journal; move it away to run the bench")
+        if len(lines) < 2:  # no group finished: nothing to keep, whose run it was
+            return cls(path, header, {})
         if first.get("version") != VERSION or first.get("run") != identity:
             raise UsageError(
-                f"{path} is the journal of another bench run (other options, prompts or "
-                "models): run that command again to finish it, or remove the file"
+                f"{path} is the journal of another bench run (other options, prompts, models "
+                "or software): run that command again to finish it, or remove the file"
             )
-        done: dict[GroupKey, list[Measurement]] = {}
+        done: dict[GroupKey, Group] = {}
         kept = [lines[0]]
         for line in lines[1:]:
             try:
-                group = json.loads(line)
-                key = (
-                    float(group["temperature"]),
-                    str(group["suite"]),
-                    str(group["prompt_id"]),
-                    int(group["repeat"]),
-                )
-                done[key] = [from_record(m) for m in group["measurements"]]
+                key, group = _group_of(json.loads(line))
             except (ValueError, KeyError, TypeError):
                 break  # cut off by a stop: this group runs again
+            done[key] = group
             kept.append(line)
-        if len(kept) < len(lines):
+        if len(kept) < len(lines) or not text.endswith("\n"):
             write_atomic(path, "".join(line + "\n" for line in kept))
-        return cls(path, done)
+        return cls(path, header, done)
 
-    def keep(self, key: GroupKey, measurements: list[Measurement]) -> None:
-        """Append a finished group, on disk before the next one starts."""
+    def keep(self, key: GroupKey, group: Group) -> None:
+        """Append a finished group, on disk before the bench goes on."""
         temperature, suite, prompt_id, repeat = key
-        line = {
-            "temperature": temperature,
-            "suite": suite,
-            "prompt_id": prompt_id,
-            "repeat": repeat,
-            "measurements": [to_record(m) for m in measurements],
-        }
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = json.dumps(
+            {
+                "temperature": temperature,
+                "suite": suite,
+                "prompt_id": prompt_id,
+                "repeat": repeat,
+                "measurements": [to_record(m) for m in group.measurements],
+                "trust": {str(i): trust for i, trust in group.trust.items()},
+            }
+        )
+        try:
+            if not self._begun:
+                write_atomic(self.path, json.dumps(self.header) + "\n" + line + "\n")
+                self._begun = True
+                return
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            raise UsageError(f"cannot write the bench journal {self.path}: {exc}") from None
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _group_of(data: dict[str, Any]) -> tuple[GroupKey, Group]:
+    key = (float(data["temperature"]), str(data["suite"]), str(data["prompt_id"]))
+    measurements = tuple(from_record(m) for m in data["measurements"])
+    trust = {int(i): t for i, t in data["trust"].items()}
+    return (*key, int(data["repeat"])), Group(measurements, trust)
 
 
 def to_record(measurement: Measurement) -> dict[str, Any]:
@@ -176,6 +193,10 @@ def _tuples(data: dict[str, Any], cls: type) -> dict[str, Any]:
     if unknown:
         raise KeyError(f"unknown fields {sorted(unknown)}")
     return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+
+
+def _relative(path: Path | None, folder: Path) -> str | None:
+    return None if path is None else os.path.relpath(Path(path).resolve(), folder.resolve())
 
 
 def _digest(text: Any) -> str:

@@ -20,7 +20,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specmlx.bench.bound import DEPTH, LookupBound
+from specmlx.bench.bound import LookupBound
 from specmlx.bench.run import NONE, RowSpec
 from specmlx.bench.summary import Report
 from specmlx.errors import UsageError
@@ -117,6 +117,7 @@ def as_data(report: Report) -> dict[str, Any]:
         "results": [record_data(r) for r in report.results],
         "summary": [record_data(s) for s in report.summary],
         "lookup_bounds": [bound_data(b) for b in report.bounds],
+        "resumed_groups": report.resumed,
     }
 
 
@@ -129,13 +130,15 @@ def bound_data(bound: LookupBound) -> dict[str, Any]:
     }
 
 
-BOUND_TITLE = (
-    f"Lookup bound (T=0, from the target alone's answers): the tokens per call of a lookup "
-    f"that always drafts the longest continuation (up to {DEPTH} tokens) found verbatim in "
-    "the request (prompt lookup's reach) or also in the suite's earlier answers (suffix "
-    "decoding's), and the × target alone that gives at the calibrated v(n). No drafter of "
-    "that text keeps more."
-)
+def bound_title(depth: int) -> str:
+    return (
+        "Lookup bound (T=0, from the target alone's answers): what a drafter of text found "
+        f"verbatim (up to {depth} tokens a step) in the request (prompt lookup's reach) or "
+        "also in the suite's earlier answers (suffix decoding's) could reach at best: the "
+        "most tokens per call, and the most × target alone at the calibrated v(n)."
+    )
+
+
 BOUND_COLUMNS = (
     ("suite", "suite", "{}"),
     ("tok/call: request", "tokens_per_call_within", "{:.2f}"),
@@ -167,6 +170,11 @@ def header_lines(report: Report) -> list[str]:
         f"bandwidth {env['bandwidth_gb_s']:.1f} GB/s · {env['bytes_per_target_call'] / 1e9:.2f} "
         f"GB per target call · roofline {env['roofline_tokens_per_sec']:.2f} tok/s"
     )
+    if report.resumed:
+        lines.append(
+            f"resumed: {report.resumed} of {report.config.groups} groups (a prompt's rows) "
+            "measured by an earlier run of this bench; adaptive k started afresh after them"
+        )
     if costs:
         v = ", ".join(f"v({k})={r:.2f}" for k, r in costs["v"].items())
         lines.append(
@@ -196,7 +204,7 @@ def render(report: Report) -> Group:
         table.add_row(*(_cell(line[key], fmt) for _, key, fmt in COLUMNS))
     parts = [Text("\n".join(header_lines(report)), style="dim"), table]
     if report.bounds:
-        bounds = Table(caption=BOUND_TITLE)
+        bounds = Table(caption=bound_title(report.bounds[0].depth))
         for title, _, _ in BOUND_COLUMNS:
             bounds.add_column(title, justify="left" if title == "suite" else "right")
         for line in map(bound_data, report.bounds):
@@ -219,7 +227,7 @@ def bound_lines(report: Report) -> list[str]:
     """Under the table, the lookup bound of each suite, where it was found."""
     if not report.bounds:
         return []
-    lines = ["", BOUND_TITLE, ""]
+    lines = ["", bound_title(report.bounds[0].depth), ""]
     lines.append("| " + " | ".join(title for title, _, _ in BOUND_COLUMNS) + " |")
     lines.append("|" + "---|" * len(BOUND_COLUMNS))
     for line in map(bound_data, report.bounds):

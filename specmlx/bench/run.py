@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import mlx.core as mx
@@ -33,7 +33,7 @@ from specmlx.api.models import Models
 from specmlx.api.options import SuffixOptions
 from specmlx.api.session import Session
 from specmlx.bench.suites import Suite
-from specmlx.drafters.suffix_store import SuffixStore
+from specmlx.drafters.suffix_store import SuffixStore, Trust
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.engine.stats import Stats
 from specmlx.engine.step import Step
@@ -43,6 +43,8 @@ MLX_LM = "mlx-lm"
 # A group of measurements: every row on one prompt and repeat at one temperature, as
 # (temperature, suite, prompt id, repeat).
 GroupKey = tuple[float, str, str, int]
+# What a suffix memory learnt to trust (`Trust.to_dict`), by the index of its row.
+Trusts = dict[int, dict[str, dict[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -151,16 +153,28 @@ class BenchConfig:
         return next((o for o in self.options if type(o) is taken), None)
 
     @property
+    def groups(self) -> int:
+        """Groups measured: every row on one prompt and repeat at one temperature."""
+        return len(self.temperatures) * sum(len(s.prompts) for s in self.suites) * self.repeats
+
+    @property
     def total_runs(self) -> int:
-        prompts = sum(len(s.prompts) for s in self.suites)
-        runs = len(self.temperatures) * prompts * self.repeats
-        return (runs + self.warmup) * len(self.rows)
+        return (self.groups + self.warmup) * len(self.rows)
 
     @property
     def needs_draft_model(self) -> bool:
         """Whether a row drafts with the draft model (mlx-lm's speculative rows come only
         with a method's that does, so the methods benched decide)."""
         return any(row.needs_draft_model for row in self.rows)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Every row's measurement on one prompt and repeat at one temperature, as a run kept
+    it, and what each suffix memory had learnt to trust after it."""
+
+    measurements: tuple[Measurement, ...]
+    trust: Trusts = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -196,8 +210,8 @@ class Measurement:
 def run(
     models: Models,
     config: BenchConfig,
-    done: dict[GroupKey, list[Measurement]] | None = None,
-    keep: Callable[[GroupKey, list[Measurement]], None] | None = None,
+    done: dict[GroupKey, Group] | None = None,
+    keep: Callable[[GroupKey, Group], None] | None = None,
 ) -> Iterator[Measurement]:
     """Warm up every row, then measure every row on every prompt, repeat and temperature.
 
@@ -205,16 +219,15 @@ def run(
     suite and repeat, filled in prompt order: a row never drafts from another row's answers
     (the same text at T=0), nor a repeat from an earlier repeat's.
 
-    `done`: groups (every row on one prompt and repeat, at one temperature) measured by an
-    earlier run of the same bench (`specmlx.bench.journal`): yielded as they were, their
-    answers put in the rows' memories, not measured again. `keep` is handed each group this
-    run finishes."""
+    `done`: groups measured by an earlier run of the same bench (`specmlx.bench.journal`):
+    yielded as they were, their answers and trust put back in the rows' memories, not
+    measured again. `keep` is handed each group this run finishes, before its last
+    measurement is yielded."""
     done = done or {}
     first = config.suites[0].prompts[0]
     first_ids = encode_prompt(models, first.text, config.chat_template)
     memories: dict[tuple[Any, ...], SuffixStore | None] = {}
-    groups = len(config.temperatures) * config.repeats * sum(len(s.prompts) for s in config.suites)
-    warmup = config.warmup if len(done) < groups else 0  # nothing left to measure: no warm-up
+    warmup = config.warmup if len(done) < config.groups else 0  # none left: no warm-up
     for i in range(warmup):
         for row in config.rows:
             mx.random.seed(config.seed + i)
@@ -230,9 +243,8 @@ def run(
                 for repeat in range(config.repeats):
                     key = (temperature, suite.name, prompt.id, repeat)
                     if key in done:
-                        for measured in done[key]:
-                            _remember(models, config, memories, key, measured)
-                            yield measured
+                        _refill(models, config, memories, key, done[key])
+                        yield from done[key].measurements
                         continue
                     group = []
                     seed = config.seed + 1000 * index + repeat
@@ -256,30 +268,44 @@ def run(
                                 prompt_ids=tuple(prompt_ids),
                             )
                         )
+                        if keep is not None and len(group) == len(config.rows):
+                            keep(key, Group(tuple(group), _trusts(config, memories, key)))
                         yield group[-1]
-                    if keep is not None:
-                        keep(key, group)
 
 
-def _remember(
+def _trusts(
+    config: BenchConfig, memories: dict[tuple[Any, ...], SuffixStore | None], key: GroupKey
+) -> Trusts:
+    temperature, suite, _, repeat = key
+    stores = [memories.get((row, temperature, suite, repeat)) for row in config.rows]
+    return {i: store.trust.to_dict() for i, store in enumerate(stores) if store is not None}
+
+
+def _refill(
     models: Models,
     config: BenchConfig,
     memories: dict[tuple[Any, ...], SuffixStore | None],
     key: GroupKey,
-    measured: Measurement,
+    group: Group,
 ) -> None:
-    """Put an answer measured by an earlier run into its row's memory, as its run did."""
-    method = METHODS.get(measured.row.method)
-    if method is None or not method.remembers:
-        return
+    """Put the answers of a group measured by an earlier run into its rows' memories, and
+    their trust as it stood after it, as its run had them."""
     temperature, suite, _, repeat = key
-    memory = (measured.row, temperature, suite, repeat)
-    store = memories.get(memory)
-    if store is None:
-        options = config.options_of(measured.row)
-        budget = getattr(options, "memory", SuffixOptions.memory)
-        store = memories[memory] = SuffixStore(budget, models.tokenizer_id)
-    store.record(list(measured.prompt_ids), list(measured.token_ids))
+    for measured in group.measurements:
+        method = METHODS.get(measured.row.method)
+        if method is None or not method.remembers:
+            continue
+        memory = (measured.row, temperature, suite, repeat)
+        store = memories.get(memory)
+        if store is None:
+            options = config.options_of(measured.row)
+            budget = getattr(options, "memory", SuffixOptions.memory)
+            store = memories[memory] = SuffixStore(budget, models.tokenizer_id)
+        store.record(list(measured.prompt_ids), list(measured.token_ids))
+    for i, trust in group.trust.items():
+        store = memories.get((config.rows[i], temperature, suite, repeat))
+        if store is not None:
+            store.trust = Trust.from_dict(trust)
 
 
 def run_row(

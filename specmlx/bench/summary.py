@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from specmlx.api.config import GenerationConfig
 from specmlx.api.methods import METHODS
 from specmlx.bench.bound import LookupBound, bound_of, lookup_bound
 from specmlx.bench.run import MLX_LM, MLX_LM_PLAIN, NONE, BenchConfig, Measurement, RowSpec
@@ -117,6 +118,7 @@ class Report:
     summary: tuple[SummaryRow, ...]
     # At T = 0, per suite (and half): how far any lookup of the run's own text could go.
     bounds: tuple[LookupBound, ...] = ()
+    resumed: int = 0  # groups measured by an earlier run of the same bench (its journal)
 
 
 def build_report(
@@ -124,8 +126,10 @@ def build_report(
     measurements: Iterable[Measurement],
     environment: dict[str, Any],
     costs: CostProfile | None,
+    resumed: int = 0,
 ) -> Report:
-    """Every prompt's results and every (temperature, suite or all, row)'s summary."""
+    """Every prompt's results and every (temperature, suite or all, row)'s summary;
+    `resumed`: how many groups an earlier run of the same bench measured."""
     kept = [m for m in measurements if m.repeat >= 0]
     typical = typical_steps(kept)
     results = per_prompt(kept, typical)
@@ -149,7 +153,7 @@ def build_report(
                     summarize_row(row, runs, prompts, costs, temperature, suite, plain_step)
                 )
     bounds = lookup_bounds(config, kept, costs)
-    return Report(config, environment, costs, tuple(results), tuple(summary), bounds)
+    return Report(config, environment, costs, tuple(results), tuple(summary), bounds, resumed)
 
 
 def lookup_bounds(
@@ -163,14 +167,16 @@ def lookup_bounds(
         if m.temperature == 0 and m.row == NONE and m.repeat == 0 and m.prompt_ids
     }
     verify_cost = costs.verify_cost if costs is not None else None
+    # The longest draft any row makes: its k, or adaptive k's longest.
+    depth = max(GenerationConfig.max_k if row.k is None else row.k for row in config.rows)
     lookups = {}
     for suite in config.suites:
         ran = [(suite.name, p.id) for p in suite.prompts if (suite.name, p.id) in answers]
-        found = lookup_bound([answers[key] for key in ran], verify_cost)
+        found = lookup_bound([answers[key] for key in ran], verify_cost, depth)
         lookups.update(zip(ran, found, strict=True))
     bounds = []
     for name, holds in suite_groups(config).items():
-        bound = bound_of(name, [pair for key, pair in lookups.items() if holds(*key)])
+        bound = bound_of(name, depth, [pair for key, pair in lookups.items() if holds(*key)])
         if bound is not None:
             bounds.append(bound)
     return tuple(bounds)

@@ -11,6 +11,7 @@ import typer
 
 from specmlx.api.methods import METHODS, methods_help
 from specmlx.cli.options import SharedOptions, parse_ks, with_options
+from specmlx.errors import UsageError
 
 if TYPE_CHECKING:
     from specmlx.bench.run import BenchConfig
@@ -150,13 +151,20 @@ def bench(
     where = journal_path((json_path, csv_path, markdown_path, plot))
     if where is not None:
         loaded = {"target": models.target_path, "draft": models.draft_path}
-        journal = Journal.open(where, run_identity(config, loaded, sorted(models.heads)))
+        heads = list(opts.models.heads or [])
+        journal = Journal.open(where, run_identity(config, loaded, heads, env, where))
         if journal.done:
-            err.print(f"resuming from {where}: {len(journal.done)} groups measured before")
+            err.print(
+                f"resuming from {where}: {len(journal.done)} of {config.groups} groups "
+                "measured before"
+            )
     done = journal.done if journal is not None else {}
-    replayed = {id(m) for group in done.values() for m in group}
+    replayed = {id(m) for group in done.values() for m in group.measurements}
+    total = config.total_runs
+    if len(done) == config.groups:
+        total -= config.warmup * len(config.rows)  # nothing left to measure: no warm-up
     measurements = []
-    with progress_bar(True, "benchmarking", config.total_runs, len(replayed)) as bar:
+    with progress_bar(True, "benchmarking", total, len(replayed)) as bar:
         try:
             for m in run(models, config, done, journal.keep if journal is not None else None):
                 measurements.append(m)
@@ -166,7 +174,7 @@ def bench(
             if journal is not None:
                 err.print(f"what was measured is kept in {where}: the same command goes on")
             raise
-    report = build_report(config, measurements, env, profile)
+    report = build_report(config, measurements, env, profile, resumed=len(done))
     # A log file gets the whole table, not one cut to 80 columns.
     Console(width=None if sys.stdout.isatty() else 200).print(bench_report.render(report))
     writers = {
@@ -220,6 +228,15 @@ def plan(
     for path in outputs:
         if path is not None:
             bench_report.check_writable(path)
+    seen: set[tuple[str, str]] = set()
+    for chosen_suite in chosen:
+        for prompt in chosen_suite.prompts:
+            if (chosen_suite.name, prompt.id) in seen:
+                raise UsageError(
+                    f"prompt {prompt.id!r} appears twice in suite {chosen_suite.name!r}: "
+                    "give each prompt its own id (and a prompts file a name of its own)"
+                )
+            seen.add((chosen_suite.name, prompt.id))
     used = [METHODS[m] for m in dict.fromkeys(methods)]
     config = BenchConfig(
         suites=tuple(chosen),
