@@ -175,3 +175,8 @@ def test_a_prompt_id_twice_in_a_suite_is_refused(tiny_dirs, tmp_path):
     args = ["bench", "--target", str(tiny_dirs["llama"]), "--prompts", str(prompts)]
     result = runner.invoke(app, args)
     assert result.exit_code != 0 and "appears twice" in result.stderr
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"id": "mine", "prompt": "x"}\n')
+    args = ["bench", "--target", str(tiny_dirs["llama"]), "--prompts", str(chat), "--suite", "chat"]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0 and "two suites are named 'chat'" in result.stderr

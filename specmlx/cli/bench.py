@@ -228,6 +228,10 @@ def plan(
     for path in outputs:
         if path is not None:
             bench_report.check_writable(path)
+    names = [chosen_suite.name for chosen_suite in chosen]
+    for name in names:
+        if names.count(name) > 1:
+            raise UsageError(f"two suites are named {name!r}: give the prompts file another name")
     seen: set[tuple[str, str]] = set()
     for chosen_suite in chosen:
         for prompt in chosen_suite.prompts:
