@@ -137,6 +137,26 @@ def test_every_row_sees_the_same_seed(tiny_models) -> None:
     assert first.token_ids != () and first.repeat == 0 and second.repeat == 1
 
 
+def test_rows_run_in_reverse_every_other_group_and_are_kept_in_their_order(tiny_models):
+    """A drift within a group (the machine warming) slows no row more than another over two
+    groups; the journal gets each group in the rows' order all the same."""
+    rows = (NONE, RowSpec("draft", 2), RowSpec("ngram", 2))
+    suite = Suite("one", (Prompt("p1", "def fibonacci(n):"), Prompt("p2", "The capital of")))
+    config = BenchConfig(suites=(suite,), rows=rows, max_tokens=4, warmup=0, repeats=2)
+    kept = []
+    ran = [
+        (m.prompt_id, m.repeat, m.row)
+        for m in run(tiny_models, config, None, lambda k, g: kept.append(g))
+    ]
+    forward, backward = list(rows), list(reversed(rows))
+    by_group = [
+        [row for p, r, row in ran if (p, r) == group]
+        for group in [("p1", 0), ("p1", 1), ("p2", 0), ("p2", 1)]
+    ]
+    assert by_group == [forward, backward, backward, forward]
+    assert [[m.row for m in group.measurements] for group in kept] == [forward] * 4
+
+
 def test_rows_are_method_k_pairs() -> None:
     rows = make_rows(["draft"], [2, 4, 2])
     assert [r.name for r in rows] == [

@@ -1,7 +1,8 @@
 """The side-by-side benchmark: the target alone, each method and k, and mlx-lm's own.
 
 Everything runs in one process and interleaved per prompt: for each prompt and repeat, every
-row generates in turn from the same seed, so drift of a shared machine hits all rows alike.
+row generates in turn from the same seed (in reverse order every other group), so drift of a
+shared machine hits all rows alike.
 A row is a `RowSpec`, a (method, k) pair: `none` is the target alone, any method of
 `specmlx.api.methods.METHODS` drafts with it, `mlx-lm k=N` is mlx-lm's speculative decoding on
 the same pair and sampler (the reference competitor), and `mlx-lm plain` (k = 0) is
@@ -248,7 +249,7 @@ def run(
                         continue
                     group = []
                     seed = config.seed + 1000 * index + repeat
-                    for row in config.rows:
+                    for row in _in_turn(config.rows, index + repeat):
                         mx.random.seed(seed)  # every row draws from the same stream
                         sampling = row.sampling or config.sampling(temperature)
                         options = config.options_of(row)
@@ -269,8 +270,16 @@ def run(
                             )
                         )
                         if keep is not None and len(group) == len(config.rows):
-                            keep(key, Group(tuple(group), _trusts(config, memories, key)))
+                            kept = sorted(group, key=lambda m: config.rows.index(m.row))
+                            keep(key, Group(tuple(kept), _trusts(config, memories, key)))
                         yield group[-1]
+
+
+def _in_turn(rows: tuple[RowSpec, ...], turn: int) -> tuple[RowSpec, ...]:
+    """The rows in the order they run in one group: as given, and reversed every other
+    group (by prompt index plus repeat), so a machine that drifts within a group (warming,
+    a neighbour starting) slows no row more than another over two groups."""
+    return rows if turn % 2 == 0 else rows[::-1]
 
 
 def _trusts(
