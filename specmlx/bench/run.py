@@ -162,6 +162,11 @@ class BenchConfig:
     def total_runs(self) -> int:
         return (self.groups + self.warmup) * len(self.rows)
 
+    def warmups(self, done: int) -> int:
+        """Warm-up runs of each row when `done` groups were measured before: none if none
+        are left to measure."""
+        return self.warmup if done < self.groups else 0
+
     @property
     def needs_draft_model(self) -> bool:
         """Whether a row drafts with the draft model (mlx-lm's speculative rows come only
@@ -228,8 +233,7 @@ def run(
     first = config.suites[0].prompts[0]
     first_ids = encode_prompt(models, first.text, config.chat_template)
     memories: dict[tuple[Any, ...], SuffixStore | None] = {}
-    warmup = config.warmup if len(done) < config.groups else 0  # none left: no warm-up
-    for i in range(warmup):
+    for i in range(config.warmups(len(done))):
         for row in config.rows:
             mx.random.seed(config.seed + i)
             sampling = row.sampling or config.sampling(config.temperatures[0])

@@ -160,9 +160,7 @@ def bench(
             )
     done = journal.done if journal is not None else {}
     replayed = {id(m) for group in done.values() for m in group.measurements}
-    total = config.total_runs
-    if len(done) == config.groups:
-        total -= config.warmup * len(config.rows)  # nothing left to measure: no warm-up
+    total = (config.groups + config.warmups(len(done))) * len(config.rows)
     measurements = []
     with progress_bar(True, "benchmarking", total, len(replayed)) as bar:
         try:
