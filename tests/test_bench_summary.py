@@ -235,3 +235,30 @@ def test_proposal_cost_is_the_median_timed_proposal_over_the_target_alones_step(
     assert lines[tree].proposal_cost == pytest.approx(0.03 / 0.1)
     assert lines[chain].proposal_cost is None and lines[NONE].proposal_cost is None
     assert "| draft c |" in markdown(report) and "| 0.30 |" in markdown(report)
+
+
+def test_the_spread_of_x_none_is_the_standard_error_of_the_paired_draws() -> None:
+    """Each draw (a repeat of a prompt) pairs the row with the target alone of the same
+    repeat: the spread is the standard error of those ratios, not of the rates (a slow spell
+    that slows both rows of a draw moves no ratio); one draw gives none."""
+    import statistics
+
+    draft = RowSpec("draft", 4)
+    config = _synthetic_config((NONE, draft), prompts=2, repeats=2)
+    # The second repeat of p0 ran on a machine twice as slow: both rows alike.
+    none_seconds = {("p0", 0): 1.0, ("p0", 1): 2.0, ("p1", 0): 1.0, ("p1", 1): 1.0}
+    draft_seconds = {("p0", 0): 0.8, ("p0", 1): 1.5, ("p1", 0): 0.9, ("p1", 1): 0.7}
+    environment = fake_environment() | {"python": "3", "cpu": "x", "cpu_count": 1}
+    runs = []
+    for (prompt, repeat), seconds in none_seconds.items():
+        runs.append(measured(NONE, repeat, [(0, 1, seconds / 10)] * 10, prompt_id=prompt))
+        drafted = draft_seconds[(prompt, repeat)]
+        runs.append(measured(draft, repeat, [(4, 5, drafted / 2)] * 2, prompt_id=prompt))
+    report = build_report(config, runs, environment, None)
+    validate(report)
+    row = next(line for line in report.summary if line.row == draft)
+    ratios = [none_seconds[key] / draft_seconds[key] for key in none_seconds]
+    assert row.speedup_spread == pytest.approx(statistics.stdev(ratios) / 2)
+    assert "| ± |" in markdown(report)
+    one = build_report(_synthetic_config((NONE, draft)), runs[:2], environment, None)
+    assert next(line for line in one.summary if line.row == draft).speedup_spread is None

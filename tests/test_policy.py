@@ -4,6 +4,7 @@ comes back when drafts are kept again, and is not thrown by noisy costs."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -351,3 +352,82 @@ def test_the_next_response_starts_from_what_the_last_saw_of_the_drafts():
     following = AdaptiveK(truth, HEADS, learned=kept.learned, experience=kept.experience)
     following.start()
     assert following.choose().k > 0 and following.pricing.tree_size == 6
+
+
+def simulate_levels(policy, truth: CostProfile, level: float, steps: int, rng: random.Random):
+    """An EAGLE-like tree drafter 6 levels deep whose head costs `level` calls per level
+    grown (0.05 besides): its first level is kept 60% of the time, each deeper one 30% of
+    the time once the level above was. Returns (the plans' k, tokens per calibrated call)."""
+    ks: list[int] = []
+    tokens, calls = 0, 0.0
+    policy.start()
+    while len(ks) < steps:
+        plan = policy.choose()
+        if plan.k == 0:
+            for _ in range(min(plan.run, steps - len(ks))):
+                ks.append(0)
+                policy.observe(plain_step(UNIT))
+                tokens, calls = tokens + 1, calls + 1.0
+            continue
+        levels = min(plan.k, 6)
+        ks.append(levels)
+        kept = 0
+        while kept < levels and rng.random() < (0.6 if kept == 0 else 0.3):
+            kept += 1
+        proposal = 0.05 + level * levels
+        cost = proposal + truth.verify_cost(8)
+        tokens, calls = tokens + kept + 1, calls + cost
+        policy.observe(
+            Step(
+                tokens=(0,) * (kept + 1),
+                k=plan.k,
+                n_drafted=7,
+                draft_depth=levels,
+                n_accepted=kept,
+                seconds=cost * UNIT,
+                finish=None,
+                draft_seconds=proposal * UNIT,
+                requested=levels,
+                tree=True,
+            )
+        )
+    return ks, tokens / calls
+
+
+def test_a_tree_whose_levels_cost_grows_only_as_deep_as_they_pay():
+    """An EAGLE proposal runs its head once a level: priced per level, the policy grows the
+    levels whose tokens pay for them (a deep level is seldom reached), and brings more
+    tokens per call than trees grown to their full depth at the same costs; where levels
+    cost nothing it grows every level."""
+    truth = memory_bound()
+    dear = DrafterTraits(
+        "eagle",
+        tree_size=8,
+        prior_acceptance=0.7,
+        proposal_cost=0.05,
+        level_cost=0.08,
+        max_depth=6,
+    )
+    ks, priced = simulate_levels(AdaptiveK(truth, dear), truth, 0.08, 300, random.Random(3))
+    late = [k for k in ks[-200:] if k > 0]
+    assert late and max(late) <= 4 and sorted(late)[len(late) // 2] <= 3, ks[-50:]
+    # The same proposals priced as one cost whatever their depth: every step grows 6 levels.
+    flat = replace(dear, proposal_cost=0.05 + 6 * 0.08, level_cost=0.0)
+    ks, unpriced = simulate_levels(AdaptiveK(truth, flat), truth, 0.08, 300, random.Random(3))
+    assert all(k == 6 for k in ks[-200:] if k > 0)
+    assert priced > unpriced * 1.1
+    free = replace(dear, level_cost=0.0)
+    ks, _ = simulate_levels(AdaptiveK(truth, free), truth, 0.0, 100, random.Random(3))
+    assert all(k == 6 for k in ks[-50:])
+
+
+def test_a_proposal_is_priced_at_the_levels_it_grows():
+    profile = memory_bound()
+    traits = DrafterTraits("eagle", tree_size=8, proposal_cost=0.05, level_cost=0.1, max_depth=6)
+    policy = AdaptiveK(profile, traits)
+    assert traits.proposal(3) == pytest.approx(0.35)
+    assert policy.levels(3) == 3 and policy.levels(9) == 6 and policy.max_k == 6
+    step = policy.pricing.step
+    assert step(7, levels=4) - step(7, levels=1) == pytest.approx(0.3)
+    # An empty proposal paid for its levels too.
+    assert step(7, offered=0.0, levels=2) == pytest.approx(0.25 + profile.verify_cost(1))

@@ -98,8 +98,9 @@ def _medusa(models: Models, options: MedusaOptions) -> Drafter:
     key = ("medusa", MAX_TREE, options.width, chains)
     if key not in models.proposal_costs:
         throwaway = MedusaDrafter(heads, MAX_TREE, options.width, chains=chains)
-        models.proposal_costs[key] = _proposal_cost(models, throwaway, heads.config.num_heads)
-    step_cost = models.proposal_costs[key]
+        (cost,) = _proposal_costs(models, throwaway, [heads.config.num_heads])
+        models.proposal_costs[key] = (cost, 0.0)  # its heads run all at once
+    step_cost, _ = models.proposal_costs[key]
     verify_cost, largest = _verify_cost(models)
     return MedusaDrafter(
         heads, largest, options.width, verify_cost=verify_cost, step_cost=step_cost, chains=chains
@@ -116,8 +117,14 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
     shape = (MAX_TREE, options.depth, options.width)
     key = ("eagle", *shape, chains)
     if key not in models.proposal_costs:
+        # Its head runs once a level: a one-level and a full-depth proposal give the cost of
+        # a level and of what every proposal pays besides (feeding the accepted tokens, the
+        # first level's LM head, reading the tree back).
         throwaway = EagleDrafter(head, *shape, chains=chains)
-        models.proposal_costs[key] = _proposal_cost(models, throwaway, options.depth)
+        one, full = _proposal_costs(models, throwaway, [1, options.depth])
+        level = max(full - one, 0.0) / max(options.depth - 1, 1)
+        models.proposal_costs[key] = (max(one - level, 0.0), level)
+    fixed, level = models.proposal_costs[key]
     verify_cost, largest = _verify_cost(models)
     return EagleDrafter(
         head,
@@ -125,8 +132,9 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
         options.depth,
         options.width,
         verify_cost=verify_cost,
-        step_cost=models.proposal_costs[key],
+        step_cost=fixed,
         chains=chains,
+        level_cost=level,
     )
 
 
@@ -177,17 +185,21 @@ def _mtp(models: Models, options: MtpOptions) -> Drafter:
         # c, as a draft model's is calibrated: a chain of DEPTH drafted tokens (its catch-up
         # position and DEPTH - 1 recursions) over a one-token target call, per token.
         throwaway = MtpDrafter(head, features, post_norm)
-        models.proposal_costs[key] = _proposal_cost(models, throwaway, MTP_DEPTH) / MTP_DEPTH
-    return MtpDrafter(head, features, post_norm, token_cost=models.proposal_costs[key])
+        (cost,) = _proposal_costs(models, throwaway, [MTP_DEPTH])
+        models.proposal_costs[key] = (cost / MTP_DEPTH, 0.0)
+    token_cost, _ = models.proposal_costs[key]
+    return MtpDrafter(head, features, post_norm, token_cost=token_cost)
 
 
-def _proposal_cost(models: Models, drafter: Drafter, k: int, reps: int = 4) -> float:
-    """One proposal `k` levels deep over a one-token target call: the drafting that a
-    cost-sized tree adds to every step's verification (an EAGLE proposal runs ~0.4 target
-    calls, enough to make bigger trees pay). `drafter` is a throwaway of the heads and
-    shape to be built. Both are timed here, alternately, after a short prefill; each keeps
-    its fastest time after a warm-up. Timed once per loaded models (`Models.proposal_costs`). `k` is the drafter's deepest: a shallower step costs
-    less, so this errs toward bigger trees."""
+def _proposal_costs(
+    models: Models, drafter: Drafter, depths: list[int], reps: int = 4
+) -> list[float]:
+    """One proposal of each depth over a one-token target call: the drafting that a
+    cost-sized tree adds to every step's verification (an EAGLE proposal of 6 levels runs
+    ~0.4 target calls, enough to make bigger trees pay). `drafter` is a throwaway of the
+    heads and shape to be built. Proposals and target calls are timed here, alternately,
+    after a short prefill; each keeps its fastest time after a warm-up. Timed once per
+    loaded models (`Models.proposal_costs`)."""
     import time
 
     import mlx.core as mx
@@ -201,18 +213,21 @@ def _proposal_cost(models: Models, drafter: Drafter, k: int, reps: int = 4) -> f
     context = [(17 * i + 11) % models.vocab_size for i in range(33)]
     target.sync(context)  # the target holds context[:-1], as at a step
     drafter.prefill(context, target)
-    proposals, calls = [], []
+    proposals: list[list[float]] = [[] for _ in depths]
+    calls = []
     for _ in range(reps + 1):
-        start = time.perf_counter()
-        draft = drafter.propose(context, k, SamplingConfig())
-        mx.eval(draft.tokens)
-        proposals.append(time.perf_counter() - start)
-        drafter.commit(Verdict([]))
+        for times, k in zip(proposals, depths, strict=True):
+            start = time.perf_counter()
+            draft = drafter.propose(context, k, SamplingConfig())
+            mx.eval(draft.tokens)
+            times.append(time.perf_counter() - start)
+            drafter.commit(Verdict([]))
         start = time.perf_counter()
         mx.eval(target.forward(mx.array(context[-1:], mx.uint32)))
         calls.append(time.perf_counter() - start)
         target.settle([])  # dropped: the next proposal sees the same context
-    return min(proposals[1:]) / min(calls[1:])
+    call = min(calls[1:])
+    return [min(times[1:]) / call for times in proposals]
 
 
 def _verify_cost(models: Models) -> tuple[Callable[[int], float], int]:

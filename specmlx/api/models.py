@@ -41,8 +41,11 @@ class Models:
     # And what it saw of their drafts (acceptance, tree sizes, probing), under the same keys.
     experience: dict[CostKey, Experience] = field(default_factory=dict, repr=False)
     # A cost-sized tree drafter's proposal over a target call, timed once per loaded models
-    # (by kind and tree shape), for every session built on them.
-    proposal_costs: dict[tuple[Any, ...], float] = field(default_factory=dict, repr=False)
+    # (by kind and tree shape), for every session built on them: what any proposal costs,
+    # and what each level it grows adds.
+    proposal_costs: dict[tuple[Any, ...], tuple[float, float]] = field(
+        default_factory=dict, repr=False
+    )
     # Earlier answers, for suffix decoding: made by the first session that drafts with it,
     # then shared by every session on these models (generate, chat, server, batch).
     suffix_store: SuffixStore | None = field(default=None, repr=False)

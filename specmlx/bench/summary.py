@@ -8,6 +8,10 @@ Definitions, each over the runs of one (temperature, suite, row):
   over all decode seconds.
 - speedup vs none (`× none`): per prompt, the row's tokens/s over the target alone's through
   our loop (`none`), then the median over prompts.
+- spread of × none (`±`): per draw (one repeat of one prompt, all rows drawing with the same
+  seed one after the other), the row's tokens/s over the target alone's; the standard error
+  of their mean (their standard deviation over √draws). A difference between two rows
+  smaller than about twice this is noise of the machine (None with fewer than 2 draws).
 - speedup vs best plain (`× best plain`): the same, against the faster of the two plain
   baselines on that prompt, `none` and `mlx-lm plain` (mlx-lm's generation on the target
   alone); `none` alone when mlx-lm is not benched. Above 1, a row beats plain decoding
@@ -63,7 +67,8 @@ class PromptResult:
     tokens_per_sec: float
     steady_tokens_per_sec: float | None
     time_to_first_token: float
-    tokens: tuple[int, ...]  # per repeat, as the rest
+    rates: tuple[float, ...]  # tokens/s per repeat, in repeat order, as the rest
+    tokens: tuple[int, ...]
     target_calls: tuple[int, ...]
     seconds: tuple[float, ...]
     accepted: tuple[int, ...]
@@ -89,6 +94,7 @@ class SummaryRow:
     tokens_per_sec: float | None
     tokens_per_sec_aggregate: float | None
     speedup_vs_none: float | None
+    speedup_spread: float | None  # the standard error of × none over draws
     speedup_vs_best_plain: float | None
     steady_speedup_vs_none: float | None
     speedup_vs_mlx_lm: float | None
@@ -228,6 +234,7 @@ def per_prompt(
         groups.setdefault((m.temperature, m.suite, m.prompt_id, m.row), []).append(m)
     results = []
     for (temperature, suite, prompt_id, row), runs in groups.items():
+        runs = sorted(runs, key=lambda m: m.repeat)
         # Every row is checked against the target alone; the target alone against mlx-lm's.
         reference_row = MLX_LM_PLAIN if row == NONE else NONE
         reference = groups.get((temperature, suite, prompt_id, reference_row))
@@ -250,6 +257,7 @@ def per_prompt(
                 tokens_per_sec=statistics.median(m.tokens_per_sec for m in runs),
                 steady_tokens_per_sec=steady_rate(runs, typical),
                 time_to_first_token=statistics.median(m.time_to_first_token for m in runs),
+                rates=tuple(m.tokens_per_sec for m in runs),
                 tokens=tuple(len(m.token_ids) for m in runs),
                 target_calls=tuple(m.stats.target_calls for m in runs),
                 seconds=tuple(m.seconds for m in runs),
@@ -329,6 +337,14 @@ def summarize_row(
             sum(m.decode_tokens for m in runs), sum(m.decode_seconds for m in runs)
         ),
         speedup_vs_none=_median_ratio((r.tokens_per_sec, rate(r, NONE)) for r in mine),
+        speedup_spread=_spread(
+            a / b
+            for r in mine
+            if (baseline := prompts.get((r.suite, r.prompt_id, NONE))) is not None
+            and len(baseline.rates) == len(r.rates)
+            for a, b in zip(r.rates, baseline.rates, strict=True)
+            if b > 0
+        ),
         speedup_vs_best_plain=_median_ratio((r.tokens_per_sec, best_plain(r)) for r in mine),
         steady_speedup_vs_none=_median_ratio(
             (r.steady_tokens_per_sec, _steady(prompts, r, NONE)) for r in mine
@@ -366,6 +382,14 @@ def pooled_stats(runs: Iterable[Stats]) -> Stats:
 def _steady(prompts: dict, result: PromptResult, other: RowSpec) -> float | None:
     baseline = prompts.get((result.suite, result.prompt_id, other))
     return baseline.steady_tokens_per_sec if baseline is not None else None
+
+
+def _spread(ratios: Iterable[float]) -> float | None:
+    """The standard error of the mean of paired ratios; None with fewer than 2."""
+    values = list(ratios)
+    if len(values) < 2:
+        return None
+    return statistics.stdev(values) / len(values) ** 0.5
 
 
 def _median_ratio(pairs: Iterable[tuple[float | None, float | None]]) -> float | None:

@@ -92,9 +92,9 @@ class EagleDrafter(OneBehind):
     tree_size: most nodes a proposal holds, root included. depth: most levels (tokens on a
     path). width: frontier nodes expanded per level, and children drawn from each. Given a
     `verify_cost` (target call cost by tokens, as `CostProfile.verify_cost`) and the
-    drafting's own `step_cost`, each proposal keeps the `best_tree_size` of its nodes,
-    tree_size - 1 at most. `chains`: width 1, a chain a target with recurrent layers verifies
-    (they score no trees). The defaults are smaller than EAGLE-2's (60 nodes, width 10) on
+    drafting's own cost, `step_cost` plus `level_cost` per level grown (the head runs once a
+    level), each proposal keeps the `best_tree_size` of its nodes, tree_size - 1 at most.
+    `chains`: width 1, a chain a target with recurrent layers verifies (they score no trees). The defaults are smaller than EAGLE-2's (60 nodes, width 10) on
     datacenter GPUs: on a Mac a target call's cost rises sooner with the tokens it scores.
     """
 
@@ -112,6 +112,7 @@ class EagleDrafter(OneBehind):
         verify_cost: Callable[[int], float] | None = None,
         step_cost: float = 0.0,
         chains: bool = False,
+        level_cost: float = 0.0,
     ):
         if tree_size < 2 or depth < 1 or width < 1:
             raise UsageError("EAGLE trees need tree_size >= 2, depth >= 1 and width >= 1")
@@ -120,19 +121,20 @@ class EagleDrafter(OneBehind):
         # Children per node, distinct tokens; one makes every proposal a chain.
         self.chains = chains
         self.width = 1 if chains else min(width, head.config.draft_vocab)
-        self.verify_cost, self.step_cost = verify_cost, step_cost
+        self.verify_cost, self.step_cost, self.level_cost = verify_cost, step_cost, level_cost
         self.cache = head.make_cache()
         self.target: TargetSequence | None = None
         # Draft positions j < n_consumed are in the cache, all from confirmed tokens; position
         # j read tokens x_0..x_{j+1}, which `_context` keeps to tell when they still hold.
         self.n_consumed = 0
         self._context: list[int] = []
-        # It runs no model per drafted token: its levels are one cost per proposal.
+        # It runs no model per drafted token: its levels are its proposal's cost.
         self.traits = DrafterTraits(
             "eagle",
             tree_size=None if chains else tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
             proposal_cost=step_cost,
+            level_cost=level_cost,
             features=FeatureSpec(head.config.feature_layers),
             max_depth=depth,  # the tree's levels
         )
@@ -158,7 +160,8 @@ class EagleDrafter(OneBehind):
         order = sorted(range(n), key=lambda i: (-cum_scores[i], i))[: self.tree_size - 1]
         if self.verify_cost is not None:
             probs = [math.exp(cum_scores[i]) for i in order]
-            order = order[: best_tree_size(probs, self.verify_cost, self.step_cost)]
+            spent = self.traits.proposal(k)
+            order = order[: best_tree_size(probs, self.verify_cost, spent)]
         builder, node_of = TreeBuilder(), {-1: 0}
         for i in order:
             node_of[i] = builder.add(node_of[int(parent_of[i])], int(tokens[i]))

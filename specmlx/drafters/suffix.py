@@ -83,9 +83,15 @@ class SuffixDrafter:
         else:
             # The policy prices the fallback's steps; a suffix step is one of them that
             # drafted for free (`Draft.free`). Depth is the suffix's: the fallback is asked
-            # for no more than it can draft.
+            # for no more than it can draft, and its proposals are priced at their deepest.
             own = fallback.traits
-            self.traits = replace(own, kind=f"suffix+{own.kind}", max_depth=None)
+            self.traits = replace(
+                own,
+                kind=f"suffix+{own.kind}",
+                max_depth=None,
+                proposal_cost=own.proposal(own.max_depth or 0),
+                level_cost=0.0,
+            )
 
     def prefill(self, context: list[int], target: Sequence) -> None:
         self._candidate = None  # a new request: what follows is not the candidate's to learn

@@ -59,9 +59,12 @@ class DrafterTraits:
     # The chance its first drafted token is kept, before any evidence.
     prior_acceptance: float = 0.5
     # What one proposal costs, in one-token target calls, besides its verification (heads'
-    # trees: their levels, measured at load); 0: next to nothing, or priced per token (c).
-    # A proposal that costs something is a speculative step even when it comes back empty.
+    # trees, measured at load): `proposal_cost` whatever its depth, plus `level_cost` per
+    # level it grows (an EAGLE tree runs its head once a level; Medusa's heads run all at
+    # once); 0: next to nothing, or priced per token (c). A proposal that costs something is
+    # a speculative step even when it comes back empty.
     proposal_cost: float = 0.0
+    level_cost: float = 0.0
     # Its drafts carry `confidences` and it honours a stop rule passed to `propose`.
     reports_confidence: bool = False
     # The target's hidden states it drafts from (heads): the target keeps them for it.
@@ -71,6 +74,15 @@ class DrafterTraits:
     max_depth: int | None = None
     # It learns from the target's greedy token at every tree node (`Verdict.target_tokens`).
     reads_target_tokens: bool = False
+
+    @property
+    def pays_per_proposal(self) -> bool:
+        """Its proposals cost something however little of them is offered."""
+        return self.proposal_cost > 0 or self.level_cost > 0
+
+    def proposal(self, levels: int) -> float:
+        """One proposal `levels` deep, in one-token target calls."""
+        return self.proposal_cost + self.level_cost * levels
 
 
 def draft_length(k: int, room: int, traits: DrafterTraits) -> int:

@@ -103,6 +103,10 @@ class AdaptiveK:
     plain_steps: int = 0
 
     def __post_init__(self) -> None:
+        if self.traits.max_depth is not None:
+            # No path is deeper (heads: their count; an EAGLE tree: its levels); a longer k
+            # would be priced as if its deeper positions could be drafted.
+            self.max_k = min(self.max_k, self.traits.max_depth)
         if self.experience is None:
             self.experience = Experience(AcceptanceRates(self.traits.prior_acceptance))
         self.pricing = Pricing(
@@ -111,6 +115,7 @@ class AdaptiveK:
             self.traits.uses_model,
             self.experience.tree_size or self.traits.tree_size,
             self.traits.proposal_cost,
+            self.traits.level_cost,
         )
         self.acceptance = self.experience.acceptance
         self.confidence = self.experience.confidence
@@ -131,15 +136,22 @@ class AdaptiveK:
         offered = self.acceptance.offered.mean(1.0)
         plain = [1.0 / self.pricing.plain()]
         return plain + [
-            tokens[k] / self.pricing.step(drafted[k], offered) for k in range(1, self.max_k + 1)
+            tokens[k] / self.pricing.step(drafted[k], offered, self.levels(k))
+            for k in range(1, self.max_k + 1)
         ]
+
+    def levels(self, k: int) -> int:
+        """The levels a proposal asked for k grows (an EAGLE tree: one per token its paths
+        may hold), never more than it has."""
+        return min(k, self.max_k)
 
     def could_win(self) -> bool:
         """Whether some k beats plain decoding if every drafted token were kept: if not,
         the costs alone rule speculation out, and probing would only waste steps."""
         plain = 1.0 / self.pricing.plain()
         return any(
-            (k + 1) / self.pricing.step(k) > plain * (1 + MIN_WIN) for k in range(1, self.max_k + 1)
+            (k + 1) / self.pricing.step(k, levels=self.levels(k)) > plain * (1 + MIN_WIN)
+            for k in range(1, self.max_k + 1)
         )
 
     # -- the protocol -------------------------------------------------------------------
@@ -216,7 +228,7 @@ class AdaptiveK:
     def observe(self, step: Step) -> None:
         teaches, self._teaches_costs = self._teaches_costs, True
         # A proposal that cost something speculated, even when it came back empty.
-        empty = step.plain and step.proposed and self.traits.proposal_cost > 0
+        empty = step.plain and step.proposed and self.traits.pays_per_proposal
         after_plain, self._after_plain = self._after_plain, step.plain and not empty
         probe, self._probe = self._probe, False
         if step.plain and not empty:
@@ -226,14 +238,15 @@ class AdaptiveK:
                 self.pricing.learn(step.seconds, 0, 1, None, plain=True)
             return
         verified = step.n_drafted + 1
-        if self.traits.proposal_cost > 0:
+        if self.traits.pays_per_proposal:
             # An empty proposal brought only the target's token for its cost: it lowers the
             # rate at which proposals offer anything, not the acceptance of what they offer.
             self.acceptance.offer(not empty)
         if step.tree:
             self.pricing.tree_size = self.experience.tree_size = verified  # what trees cost now
+        levels = 0 if step.free else self.levels(step.requested)
         if probe and (step.n_accepted + 1) * self.pricing.plain() > self.pricing.step(
-            step.n_drafted
+            step.n_drafted, levels=levels
         ):
             # A probe that brought more tokens than plain steps would have in its time: the
             # next one comes soon, so a recovered acceptance is found in a few steps.
@@ -251,4 +264,4 @@ class AdaptiveK:
             # A free draft (a suffix match, in a hybrid with a draft model) ran no draft call.
             drafted = 0 if step.free else step.n_drafted
             draft_seconds = None if step.free else step.draft_seconds
-            self.pricing.learn(step.seconds, drafted, verified, draft_seconds)
+            self.pricing.learn(step.seconds, drafted, verified, draft_seconds, levels=levels)

@@ -10,8 +10,9 @@ run (docs/adaptive-k.md):
   decaying mean, because a slow spell of a shared machine slows every call alike. It
   multiplies every price, plain steps' included, so a spell moves no decision.
 - a proposal's own cost, for drafters that pay one per step whatever its length (heads'
-  trees: `DrafterTraits.proposal_cost`, measured when they load): priced into every
-  speculative step, an empty proposal's included.
+  trees: `DrafterTraits.proposal_cost`, measured when they load), plus what each level it
+  grows adds (an EAGLE tree: `DrafterTraits.level_cost`): priced into every speculative
+  step at the depth asked for, an empty proposal's included.
 - c: a draft call's cost over a target call's, from the draft calls and the verify call of
   the same step (a spell slows both alike): a draft model calibrated too dear, say by a
   calibration taken while something else ran, is priced as it runs.
@@ -102,7 +103,8 @@ class Pricing:
     learned: LearnedCosts
     uses_model: bool  # drafted tokens cost c each
     tree_size: int | None = None  # every step of a tree drafter verifies its whole tree
-    proposal: float = 0.0  # one proposal's own cost, in calibrated calls
+    proposal: float = 0.0  # one proposal's own cost, in calibrated calls, whatever its depth
+    level: float = 0.0  # and what each level it grows adds to it
 
     @property
     def speed(self) -> float:
@@ -117,22 +119,24 @@ class Pricing:
     def plain(self) -> float:
         return self.speed
 
-    def modelled(self, drafted: float, verified: float) -> float:
-        """The calibrated calls of a speculative step: the proposal, drafted tokens at c
-        each, one verify call."""
-        return self.proposal + drafted * self.c + self.profile.verify_cost(verified)
+    def modelled(self, drafted: float, verified: float, levels: int = 0) -> float:
+        """The calibrated calls of a speculative step: the proposal (`levels` deep), drafted
+        tokens at c each, one verify call."""
+        proposal = self.proposal + self.level * levels
+        return proposal + drafted * self.c + self.profile.verify_cost(verified)
 
     def verified(self, drafted: float) -> float:
         return self.tree_size if self.tree_size is not None else drafted + 1
 
-    def step(self, drafted: float, offered: float = 1.0) -> float:
+    def step(self, drafted: float, offered: float = 1.0, levels: int = 0) -> float:
         """A speculative step drafting `drafted` tokens (an expectation, maybe), at the
-        current speed, with its measured overhead. A tree drafter's proposal offers a tree
-        with chance `offered`; otherwise it paid for itself and a one-token call."""
+        current speed, with its measured overhead. A tree drafter's proposal, `levels` deep,
+        offers a tree with chance `offered`; otherwise it paid for itself and a one-token
+        call."""
         verified = self.verified(drafted)
-        price = self.modelled(drafted, verified) + self.learned.overhead_at(verified)
+        price = self.modelled(drafted, verified, levels) + self.learned.overhead_at(verified)
         if self.tree_size is not None and offered < 1.0:
-            empty = self.modelled(0, 1) + self.learned.overhead_at(1)
+            empty = self.modelled(0, 1, levels) + self.learned.overhead_at(1)
             price = offered * price + (1.0 - offered) * empty
         return max(self.speed * price, 0.1 * self.speed)
 
@@ -143,10 +147,11 @@ class Pricing:
         verified: int,
         draft_seconds: float | None,
         plain: bool = False,
+        levels: int = 0,
     ) -> None:
         """A step's wall time, and its draft calls' part. A plain step times the target's
-        speed; a speculative one (an empty proposal's too: it verified the root alone) what
-        it cost beyond its model."""
+        speed; a speculative one (an empty proposal's too: it verified the root alone, after
+        a proposal `levels` deep) what it cost beyond its model."""
         unit = self.profile.target_call_seconds
         if plain:
             self.learned.observe_speed(seconds / unit)
@@ -159,5 +164,5 @@ class Pricing:
                 # One draft call over one target call, both timed in this step.
                 per_call = verify_seconds / self.profile.verify_cost(verified)
                 self.learned.observe_c_ratio(draft_seconds / drafted / per_call / self.profile.c)
-        excess = seconds / unit / self.speed - self.modelled(drafted, verified)
+        excess = seconds / unit / self.speed - self.modelled(drafted, verified, levels)
         self.learned.observe_overhead(verified, excess)
