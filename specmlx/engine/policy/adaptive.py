@@ -114,8 +114,7 @@ class AdaptiveK:
             self.learned,
             self.traits.uses_model,
             self.experience.tree_size or self.traits.tree_size,
-            self.traits.proposal_cost,
-            self.traits.level_cost,
+            self.traits.proposal,
         )
         self.acceptance = self.experience.acceptance
         self.confidence = self.experience.confidence
@@ -136,21 +135,16 @@ class AdaptiveK:
         offered = self.acceptance.offered.mean(1.0)
         plain = [1.0 / self.pricing.plain()]
         return plain + [
-            tokens[k] / self.pricing.step(drafted[k], offered, self.levels(k))
+            tokens[k] / self.pricing.step(drafted[k], offered, levels=k)
             for k in range(1, self.max_k + 1)
         ]
-
-    def levels(self, k: int) -> int:
-        """The levels a proposal asked for k grows (an EAGLE tree: one per token its paths
-        may hold), never more than it has."""
-        return min(k, self.max_k)
 
     def could_win(self) -> bool:
         """Whether some k beats plain decoding if every drafted token were kept: if not,
         the costs alone rule speculation out, and probing would only waste steps."""
         plain = 1.0 / self.pricing.plain()
         return any(
-            (k + 1) / self.pricing.step(k, levels=self.levels(k)) > plain * (1 + MIN_WIN)
+            (k + 1) / self.pricing.step(k, levels=k) > plain * (1 + MIN_WIN)
             for k in range(1, self.max_k + 1)
         )
 
@@ -244,7 +238,7 @@ class AdaptiveK:
             self.acceptance.offer(not empty)
         if step.tree:
             self.pricing.tree_size = self.experience.tree_size = verified  # what trees cost now
-        levels = 0 if step.free else self.levels(step.requested)
+        levels = step.requested  # an EAGLE tree grows one level per token asked for
         if probe and (step.n_accepted + 1) * self.pricing.plain() > self.pricing.step(
             step.n_drafted, levels=levels
         ):

@@ -26,6 +26,7 @@ sampler, so a response starts from what earlier ones measured.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specmlx.engine.costs import CostProfile
@@ -103,8 +104,9 @@ class Pricing:
     learned: LearnedCosts
     uses_model: bool  # drafted tokens cost c each
     tree_size: int | None = None  # every step of a tree drafter verifies its whole tree
-    proposal: float = 0.0  # one proposal's own cost, in calibrated calls, whatever its depth
-    level: float = 0.0  # and what each level it grows adds to it
+    # One proposal's own cost by the levels it grows, in calibrated calls
+    # (`DrafterTraits.proposal`); none by default.
+    proposal: Callable[[int], float] = lambda levels: 0.0
 
     @property
     def speed(self) -> float:
@@ -122,8 +124,7 @@ class Pricing:
     def modelled(self, drafted: float, verified: float, levels: int = 0) -> float:
         """The calibrated calls of a speculative step: the proposal (`levels` deep), drafted
         tokens at c each, one verify call."""
-        proposal = self.proposal + self.level * levels
-        return proposal + drafted * self.c + self.profile.verify_cost(verified)
+        return self.proposal(levels) + drafted * self.c + self.profile.verify_cost(verified)
 
     def verified(self, drafted: float) -> float:
         return self.tree_size if self.tree_size is not None else drafted + 1
