@@ -160,6 +160,25 @@ def test_comes_back_after_a_fall_back_once_drafts_are_kept_again(traits):
     assert all(k > 0 for k in ks[-40:])  # and came back for good
 
 
+def test_a_response_tries_its_own_drafts_before_the_last_responses_verdict():
+    """What earlier responses saw weighs as a few steps in a new one (`carried`), however
+    many steps they took: where they found drafts losing (35% kept, 300 steps), a new
+    response still tries its own first (the bound is that of a few steps' evidence), and
+    falls back once its own steps say the same."""
+    from specmlx.engine.policy import Experience
+
+    rng = random.Random(11)
+    # Dear enough verification that 35% kept loses: (1 + 0.35) / (1 + c + 0.1) < 1.
+    truth = CostProfile(UNIT, UNIT * 0.35, {n: 1.0 + 0.1 * (n - 1) for n in range(1, 17)})
+    seen = AcceptanceRates(DRAFT.prior_acceptance)
+    for _ in range(300):
+        seen.observe(1, 1, int(rng.random() < 0.35))
+    policy = AdaptiveK(truth, DRAFT, experience=Experience(seen))
+    ks = simulate(policy, DRAFT, truth, lambda s: 0.35, 80, rng)
+    assert ks[0] > 0
+    assert ks[-30:].count(0) >= 25
+
+
 def test_a_tree_dearer_than_a_plain_call_starts_plain_and_probes():
     rng = random.Random(5)
     truth = CostProfile(UNIT, None, {n: 1.0 + 0.05 * (n - 1) for n in range(1, 17)})

@@ -91,7 +91,9 @@ class AcceptanceRates:
     # no node pays for its verification (1 until such a drafter says otherwise).
     offered: Decaying = field(init=False)
     missed: bool = False
-    steps: int = 0  # speculative steps seen, undecayed
+    # Speculative steps the estimates rest on, undecayed: this response's, plus at most
+    # `carried`'s `most` for everything earlier ones saw.
+    steps: int = 0
 
     def __post_init__(self) -> None:
         self.first = (Decaying(self.decay), Decaying(self.decay))
@@ -120,9 +122,13 @@ class AcceptanceRates:
     def carried(self, most: float = PRIOR_WEIGHT) -> None:
         """A new response starts from what earlier ones saw, worth at most `most` steps of
         evidence per estimate (as much as the prior): a few of its own steps outweigh it, so
-        an extraction after a chat is not held to the chat's rates for long."""
+        an extraction after a chat is not held to the chat's rates for long. Nor is its
+        confidence in them: however many steps they rested on, they count as `most` when
+        the policy bounds what it does not know yet (`curve`'s optimism, the wait before
+        a probe)."""
         for estimate in (*self.first, self.pooled, *self.kept, *self.drafted, self.offered):
             estimate.lighten(most)
+        self.steps = min(self.steps, round(most))
         self.missed = False  # the context ends on the prompt: nothing was missed
 
     def offer(self, offered: bool) -> None:
