@@ -116,7 +116,8 @@ models/local/%-q8: | models
 models/local/%-q4: | models
 	$(SPECMLX) convert models/gguf/$*.gguf $@ --dtype float32 --quantize 4
 
-# Suites, prompts per suite, draws per prompt, tokens per answer and warm-up runs per row.
+# Suites, prompts per suite, draws per prompt, tokens per answer, warm-up runs per row and
+# temperatures.
 # Quantized, each row prefills its prompt at ~2 s a token here (the extract prompts take
 # minutes), so the README's slice, `make bench-quantized-q4 QUANT_SUITES=code QUANT_LIMIT=1
 # QUANT_REPEATS=1 QUANT_TOKENS=32 QUANT_WARMUP=0`, takes about 35 minutes.
@@ -125,8 +126,9 @@ QUANT_LIMIT ?= 2
 QUANT_REPEATS ?= 2
 QUANT_TOKENS ?= 48
 QUANT_WARMUP ?= 1
+QUANT_TEMPS ?= 0 1.0
 QUANT_BENCH = $(foreach s,$(QUANT_SUITES),--suite $(s)) --limit $(QUANT_LIMIT) \
-	--repeats $(QUANT_REPEATS) --temp 0 --temp 1.0 -k 4 -k auto --mlx-lm-k 4 \
+	--repeats $(QUANT_REPEATS) $(foreach t,$(QUANT_TEMPS),--temp $(t)) -k 4 -k auto --mlx-lm-k 4 \
 	--max-tokens $(QUANT_TOKENS) --warmup $(QUANT_WARMUP)
 bench-quantized: bench-quantized-fp32 bench-quantized-q8 bench-quantized-q4
 bench-quantized-fp32: models openblas
