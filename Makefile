@@ -53,13 +53,10 @@ bench: models openblas
 
 # Sampling (T=1) on the Qwen pair: the target alone, draft k=4 and -k auto on every suite,
 # 4 prompts x 3 seeds each, interleaved (every row draws from the same seed per prompt).
-# T1_SUITES and T1_NAME run some suites into a file of their own.
-T1_SUITES ?= all
-T1_NAME ?= bench-t1
 bench-t1: models openblas
 	mkdir -p results
-	$(PRELOAD) $(SPECMLX) bench $(foreach s,$(T1_SUITES),--suite $(s)) --limit 4 --temp 1.0 \
-		-k 4 -k auto --no-mlx-lm --repeats 3 --max-tokens 48 $(call BENCH_OUT,$(T1_NAME))
+	$(PRELOAD) $(SPECMLX) bench --suite all --limit 4 --temp 1.0 -k 4 -k auto --no-mlx-lm \
+		--repeats 3 --max-tokens 48 $(call BENCH_OUT,bench-t1)
 
 # specmlx's own cost per step (host ms, host syncs) on tiny random models: no real model.
 bench-overhead: install
