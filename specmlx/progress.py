@@ -90,3 +90,11 @@ def progress_bar(enabled: bool, description: str, total: int, completed: int = 0
     )
     with Progress(*columns, console=console, transient=True) as bar:
         yield _Bar(bar, bar.add_task(description, total=total, completed=completed, info=""))
+
+
+def note(enabled: bool, text: str) -> None:
+    """One plain line on stderr beside the progress (what a long run kept or skipped)."""
+    if enabled:
+        from rich.console import Console
+
+        Console(stderr=True).print(text, markup=False, highlight=False, soft_wrap=True)

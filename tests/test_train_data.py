@@ -15,7 +15,13 @@ from specmlx.engine.features import FeatureSpec, backbone
 from specmlx.errors import SpecmlxError, UsageError
 from specmlx.heads.base import HeadsConfig, target_vocab
 from specmlx.heads.eagle import EagleHead
-from specmlx.training.data import cache_features, cached_spec, file_corpus, generate_corpus
+from specmlx.training.data import (
+    Corpus,
+    cache_features,
+    cached_spec,
+    file_corpus,
+    generate_corpus,
+)
 from specmlx.training.losses import segment_mask
 from specmlx.training.objectives import Windows, eagle_batch, t2d_table
 from specmlx.training.shards import open_shards
@@ -129,6 +135,55 @@ def test_file_tokens_sample_a_tree_within_a_budget(models, tmp_path):
         file_corpus([tmp_path], models.tokenizer, max_tokens=0)
     fewer = file_corpus([tmp_path], models.tokenizer, seq_len=64, exclude=["*/m1*.py"])
     assert fewer.source["files"] == 20 and fewer.source["exclude"] == ["*/m1*.py"]
+
+
+def test_a_cache_grows_with_its_data_and_makes_only_what_is_new(models, corpus, tmp_path):
+    """More file tokens after the same answers: the shards that still begin the new data are
+    kept (their answers never made again), the rest made; the result is the cache a fresh
+    run makes. A first shard that does not begin the new data is other data: refused."""
+    for i in range(12):
+        (tmp_path / f"m{i:02d}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 12)
+
+    def data(tokens: int, answers=corpus):
+        return answers + file_corpus([tmp_path], models.tokenizer, max_tokens=tokens, seed=0)
+
+    small, large = data(300), data(900)
+    assert len(small) < len(large)
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    spec = FeatureSpec((0, 1))
+    cache_features(models, small, spec, grown, shard_tokens=50, progress=False)
+    before = open_shards(grown, whole=True).index
+    old = {(grown / s["file"]).stat().st_mtime_ns for s in before.shards}
+    made: list[int] = []
+
+    def make(i: int) -> list[int]:
+        made.append(i)
+        return large[i]
+
+    counted = Corpus(large.source, len(large), make)
+    counted.leaves = large.leaves
+    cache_features(models, counted, spec, grown, shard_tokens=50, progress=False)
+    after = open_shards(grown, whole=True)
+    stayed = [s for s in after.index.shards if (grown / s["file"]).stat().st_mtime_ns in old]
+    kept = sum(s["sequences"] for s in stayed)
+    assert stayed == after.index.shards[: len(stayed)]
+    assert len(corpus) <= kept < before.n_sequences  # the last piece of the small data grew
+    assert min(made) >= len(corpus)  # no answer made again (pieces of files are compared)
+    # The first piece that differs is compared, then made; every later one made once.
+    assert [i for i in made if i > kept] == list(range(kept + 1, len(large)))
+    cache_features(models, large, spec, fresh, shard_tokens=50, progress=False)
+    again = open_shards(fresh, whole=True)
+    assert np.array_equal(after.tokens, again.tokens)
+    assert np.array_equal(after.starts, again.starts)
+    assert mx.allclose(after.features, again.features, atol=1e-3)
+    assert after.index.counts == again.index.counts
+    assert after.manifest["source"] == large.source
+    assert sorted(p.name for p in grown.glob("shard-*")) == [s["file"] for s in after.index.shards]
+    # Other answers first: nothing of the cache begins that data.
+    other = generate_corpus(models, PROMPTS[:2], max_tokens=24, seed=0)
+    with pytest.raises(SpecmlxError, match="source"):
+        cache_features(models, data(900, other), spec, grown, progress=False)
+    assert open_shards(grown, whole=True).index == after.index
 
 
 def test_magpie_prompts_come_from_the_user_prefix_and_are_kept(models, tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
 from dataclasses import replace
 from fnmatch import fnmatch
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,8 @@ from specmlx.engine.cache import make_cache
 from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
-from specmlx.progress import progress_bar
-from specmlx.training.shards import FeatureIndex, ShardWriter, open_shards
+from specmlx.progress import note, progress_bar
+from specmlx.training.shards import FeatureIndex, ShardWriter, keep_grown, open_shards
 
 CHUNK = 512  # tokens per target call when caching features (long sequences go in pieces)
 SHARD_TOKENS = 1 << 16
@@ -55,6 +56,7 @@ class Corpus(SequenceABC):
         self.source = source
         self._count = count
         self._make = make
+        self.leaves = [(source, count)]  # the parts it joins, each with its count
 
     def __len__(self) -> int:
         return self._count
@@ -68,7 +70,9 @@ class Corpus(SequenceABC):
         def make(i: int) -> list[int]:
             return self[i] if i < len(self) else other[i - len(self)]
 
-        return Corpus({"parts": [self.source, other.source]}, len(self) + len(other), make)
+        joined = Corpus({"parts": [self.source, other.source]}, len(self) + len(other), make)
+        joined.leaves = self.leaves + other.leaves
+        return joined
 
 
 def train_prompts() -> list[str]:
@@ -382,6 +386,12 @@ def cache_features(
     }
     if spec.layers:
         manifest["final"] = True
+    grown = keep_grown(Path(out_dir), manifest, partial(_unchanged, corpus=corpus))
+    if grown is not None and grown[1]:
+        note(
+            progress,
+            f"{out_dir}: other data; {grown[0]:,} of its {grown[1]:,} cached sequences begin it, kept",
+        )
     writer = ShardWriter(Path(out_dir), manifest, models, shard_tokens)
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
         for i in range(writer.index.n_sequences, len(corpus)):
@@ -390,6 +400,31 @@ def cache_features(
             bar.advance(f"{writer.n_tokens:,} tokens")
         writer.close()
     return open_shards(Path(out_dir)).index
+
+
+def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int, list[int]], bool]:
+    """Whether cached sequence i (its tokens) is sequence i of `corpus` too: a generated
+    one where both data begin with the same generated parts (the same answers, as a resumed
+    run trusts them to be: they are never made again to compare), any other by its tokens
+    (pieces of files cost a tokenisation)."""
+    trusted, offset = 0, 0
+    for saved, (new, count) in zip(_parts(saved_source), corpus.leaves, strict=False):
+        if saved != new or new.get("kind") != "generated":
+            break
+        trusted = offset = offset + count
+    made_by: list[tuple[int, int, str | None]] = []  # (first, end, kind) of each part
+    offset = 0
+    for source, count in corpus.leaves:
+        made_by.append((offset, offset + count, source.get("kind")))
+        offset += count
+
+    def same(i: int, tokens: list[int]) -> bool:
+        if i < trusted:
+            return True
+        kind = next((k for first, end, k in made_by if first <= i < end), None)
+        return kind == "files" and corpus[i] == tokens
+
+    return same
 
 
 def cached_spec(folder: Path, wanted: FeatureSpec) -> FeatureSpec:

@@ -7,13 +7,16 @@ data came from: what the shards were made of, checked before anything is added),
 are layers' outputs, `final` float16 (n, hidden) the final hidden state too) and `index.json`
 (the shards, token counts per id, whether every sequence is in). Each shard and each index
 is written under a temporary name and renamed into place, so an interruption leaves the
-folder as it was after the last whole shard, and the next run continues from there.
+folder as it was after the last whole shard, and the next run continues from there. Data
+that grew (more file tokens, another part after the others) keeps the shards whose
+sequences still begin it (`keep_grown`): only the rest is made again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +142,59 @@ def _check_manifest(folder: Path, manifest: dict[str, Any], models: Any) -> None
             f"{folder} holds features made with other settings ({', '.join(differ)} differ); "
             "use another data folder or delete it"
         )
+
+
+def keep_grown(
+    folder: Path,
+    manifest: dict[str, Any],
+    unchanged: Callable[[dict[str, Any]], Callable[[int, list[int]], bool]],
+) -> tuple[int, int] | None:
+    """Where `folder` holds features of other data for the same target and features (only
+    the manifest's `source` and `sequences` differ), keep its leading shards whose every
+    sequence i is still sequence i of the new data (`unchanged(saved source)(i, tokens)`),
+    drop the others and take the new manifest. Returns (sequences kept, sequences held) or None where nothing
+    changed; a folder whose first shard does not begin the new data is left for the
+    manifest check to refuse (it is other data, not more of it).
+
+    The index is rewritten before the manifest and the dropped shards go last, so an
+    interruption anywhere leaves a folder the next run reads (and trims) alike."""
+    path = folder / MANIFEST
+    if not path.exists():
+        return None
+    saved, manifest = json.loads(path.read_text()), json.loads(json.dumps(manifest))
+    data_keys = ("source", "sequences")
+    if saved == manifest or any(
+        saved.get(k) != manifest[k] for k in manifest if k not in data_keys
+    ):
+        return None
+    index = _read_index(folder)
+    if not index.shards:  # nothing made yet, nothing to lose
+        write_json(path, manifest)
+        return 0, 0
+    same, kept, n = unchanged(saved["source"]), [], 0
+    for shard in index.shards:
+        arrays = mx.load(str(folder / shard["file"]))
+        tokens = np.array(arrays["tokens"]).tolist()
+        ends = np.cumsum(np.array(arrays["lengths"])).tolist()
+        pieces = [tokens[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        if n + len(pieces) > int(manifest["sequences"]):
+            break
+        if not all(same(n + j, piece) for j, piece in enumerate(pieces)):
+            break
+        kept.append((shard, tokens))
+        n += len(pieces)
+    if not kept:
+        return None
+    grown = FeatureIndex(shards=[shard for shard, _ in kept], n_sequences=n)
+    grown.n_tokens = sum(len(tokens) for _, tokens in kept)
+    grown.complete = n == int(manifest["sequences"])
+    ids, counts = np.unique(np.concatenate([tokens for _, tokens in kept]), return_counts=True)
+    grown.counts = {str(int(t)): int(c) for t, c in zip(ids, counts, strict=True)}
+    write_json(folder / INDEX, asdict(grown))
+    write_json(path, manifest)
+    for shard in index.shards[len(kept) :]:
+        (folder / shard["file"]).unlink(missing_ok=True)
+    return n, index.n_sequences
 
 
 @dataclass(frozen=True)
