@@ -401,6 +401,34 @@ def test_the_draft_vocab_report_measures_every_size(models, data_dir, tmp_path):
     assert result.exit_code != 0 and "does not exist" in result.output  # before any loading
 
 
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_eval_heads_scores_the_held_out_text_as_training_did(models, data_dir, tmp_path, kind):
+    """Scored again from their saved weights, heads get the held-out top-1 their training
+    recorded for them (the best evaluation's); a folder without heads is a one-line error."""
+    from typer.testing import CliRunner
+
+    from specmlx.cli import app
+    from specmlx.training.evaluate import heldout_top1
+
+    config = fast(kind=kind, steps=8, checkpoint_every=4, holdout=2)
+    train_heads(models, config, data_dir, tmp_path / "h", progress=False)
+    recorded = load_heads(tmp_path / "h", models.target, None).config.training
+    accuracy, sequences = heldout_top1(models, tmp_path / "h", data_dir)
+    assert sequences == 3  # the answers to prompts 1, 3 and 5 of 6
+    assert accuracy == pytest.approx(recorded["heldout_accuracy"], abs=2e-4)
+    assert len(accuracy) == (4 if kind == "medusa" else 2)
+    args = ["eval-heads", "--target", str(models.target_path), "--data", str(data_dir)]
+    result = CliRunner().invoke(app, [*args, "--heads", str(tmp_path / "h")])
+    assert result.exit_code == 0, result.output
+    assert f"held-out top-1 {accuracy[0]:.1%}" in result.stdout
+    result = CliRunner().invoke(app, [*args, "--heads", str(tmp_path)])
+    assert result.exit_code != 0 and "holds no heads" in result.output
+    trained_without = fast(kind=kind, steps=2, holdout=0)
+    train_heads(models, trained_without, data_dir, tmp_path / "all", progress=False)
+    with pytest.raises(UsageError, match="nothing held out"):
+        heldout_top1(models, tmp_path / "all", data_dir)
+
+
 def test_sampled_answers_follow_the_greedy_ones_prompt_by_prompt(models, corpus):
     from specmlx.api.generate import encode_prompt
 

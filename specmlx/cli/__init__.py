@@ -68,6 +68,7 @@ for command in (
     app.command()(handles_errors(command))
 app.command("train-heads")(handles_errors(heads.train_heads))
 app.command("draft-vocab")(handles_errors(heads.draft_vocab_report))
+app.command("eval-heads")(handles_errors(heads.eval_heads))
 
 
 def main() -> None:

@@ -350,3 +350,38 @@ def draft_vocab_report(
         import json
 
         write_atomic(json_out, json.dumps(rows_json(rows), indent=1) + "\n")
+
+
+def eval_heads(
+    heads: Annotated[
+        list[Path],
+        typer.Option("--heads", help="A folder of heads trained here; repeatable, to compare."),
+    ],
+    data: Annotated[
+        Path, typer.Option(help="Cached features of the target (train-heads' --data folder).")
+    ],
+    target: Annotated[
+        str | None,
+        typer.Option(help="The target the heads and data are for. Default: the pair's."),
+    ] = None,
+) -> None:
+    """Held-out top-1 of trained heads on one feature cache: heads trained on other data
+    scored on the same held-out text (split and scored as train-heads does)."""
+    if not (data / "manifest.json").is_file():
+        raise UsageError(f"no cached features in {data} (run train-heads with --data first)")
+    for folder in heads:
+        if not (folder / "config.json").is_file():
+            raise UsageError(f"{folder} holds no heads (no config.json)")
+    from rich.console import Console
+
+    from specmlx.api.load import load
+    from specmlx.training.evaluate import heldout_top1
+
+    err = Console(stderr=True, highlight=False)
+    with err.status("loading the target…"):
+        models = load(target, default_draft=False)
+    for folder in heads:
+        with err.status(f"scoring {folder}…"):
+            accuracy, sequences = heldout_top1(models, folder, data)
+        top1 = " ".join(f"{a:.1%}" for a in accuracy)
+        print(f"{folder}: held-out top-1 {top1} ({sequences} sequences of {data})")
