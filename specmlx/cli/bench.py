@@ -22,8 +22,9 @@ def bench(
     suite: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="SUITE",
             help="Prompt suite: code, extract, chat, creative or all (those four), or "
-            "scripting (run in order, reported by halves); repeatable."
+            "scripting (run in order, reported by halves); repeatable.",
         ),
     ] = None,
     prompts: Annotated[
@@ -34,23 +35,27 @@ def bench(
     method: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="METHOD",
             help="Method to compare with the target alone (none, always the first row); "
-            f"repeatable; default: draft. {methods_help()}."
+            f"repeatable; default: draft. {methods_help()}.",
         ),
     ] = None,
     k: Annotated[
         list[str] | None,
-        typer.Option("-k", "--k", help="Draft lengths: -k 2 -k 4 or 2,4,auto."),
+        typer.Option("-k", "--k", metavar="K", help="Draft lengths: -k 2 -k 4 or 2,4,auto."),
     ] = None,
     mlx_lm: Annotated[
         bool, typer.Option(help="Add mlx-lm's speculative decoding at each k, as reference.")
     ] = True,
     mlx_lm_k: Annotated[
         list[int] | None,
-        typer.Option("--mlx-lm-k", help="mlx-lm's draft lengths (default: each fixed -k)."),
+        typer.Option(
+            "--mlx-lm-k", metavar="K", help="mlx-lm's draft lengths (default: each fixed -k)."
+        ),
     ] = None,
     temp: Annotated[
-        list[float] | None, typer.Option("--temp", help="Temperature (repeatable); 0 is greedy.")
+        list[float] | None,
+        typer.Option("--temp", metavar="T", help="Temperature (repeatable); 0 is greedy."),
     ] = None,
     repeats: Annotated[int, typer.Option(help="Runs per prompt and row; medians are kept.")] = 1,
     warmup: Annotated[int, typer.Option(help="Unrecorded warm-up runs per row.")] = 1,

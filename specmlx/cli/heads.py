@@ -23,6 +23,12 @@ from specmlx.heads.kinds import KINDS, TRAINABLE, trainable_kind
 KIND_HELP = f"The kind of heads: {' or '.join(TRAINABLE)}."
 _DEFAULT_LRS = ", ".join(f"{KINDS[name].train_lr:g} {name}" for name in TRAINABLE)
 LR_HELP = f"Peak learning rate. Default: {_DEFAULT_LRS}."
+CachedData = Annotated[
+    Path, typer.Option(help="Cached features of the target (train-heads' --data folder).")
+]
+DataTarget = Annotated[
+    str | None, typer.Option(help="The target the data was cached for. Default: the pair's.")
+]
 # What heads trained before a setting existed were trained with.
 LEGACY_SETTINGS = {"holdout": 0, "feature_noise": 0.0, "answers_only": False}
 
@@ -72,12 +78,16 @@ def train_heads(
     files: Annotated[
         list[Path] | None,
         typer.Option(
-            "--files", help="Text or code files (or folders) to train on too; repeatable."
+            "--files",
+            metavar="PATH",
+            help="Text or code files (or folders) to train on too; repeatable.",
         ),
     ] = None,
     exclude: Annotated[
         list[str] | None,
-        typer.Option(help="Leave out --files whose path matches this pattern; repeatable."),
+        typer.Option(
+            metavar="PATTERN", help="Leave out --files whose path matches this pattern; repeatable."
+        ),
     ] = None,
     file_tokens: Annotated[
         int | None,
@@ -301,16 +311,11 @@ def _read_prompts(path: Path) -> list[str]:
 
 
 def draft_vocab_report(
-    data: Annotated[
-        Path, typer.Option(help="Cached features of the target (train-heads' --data folder).")
-    ],
-    target: Annotated[
-        str | None,
-        typer.Option(help="The target the data was cached for. Default: the pair's."),
-    ] = None,
+    data: CachedData,
+    target: DataTarget = None,
     size: Annotated[
         list[int] | None,
-        typer.Option("--size", help="Draft vocabulary sizes to measure; repeatable."),
+        typer.Option("--size", metavar="N", help="Draft vocabulary sizes to measure; repeatable."),
     ] = None,
     reps: Annotated[int, typer.Option(help="Timed proposals per size.")] = 7,
     json_out: Annotated[
@@ -355,15 +360,12 @@ def draft_vocab_report(
 def eval_heads(
     heads: Annotated[
         list[Path],
-        typer.Option("--heads", help="A folder of heads trained here; repeatable, to compare."),
+        typer.Option(
+            "--heads", metavar="DIR", help="A folder of heads trained here; repeatable, to compare."
+        ),
     ],
-    data: Annotated[
-        Path, typer.Option(help="Cached features of the target (train-heads' --data folder).")
-    ],
-    target: Annotated[
-        str | None,
-        typer.Option(help="The target the heads and data are for. Default: the pair's."),
-    ] = None,
+    data: CachedData,
+    target: DataTarget = None,
 ) -> None:
     """Held-out top-1 of trained heads on one feature cache: heads trained on other data
     scored on the same held-out text (split and scored as train-heads does)."""

@@ -108,8 +108,9 @@ class ModelRefs:
     heads: Annotated[
         list[str] | None,
         typer.Option(
+            metavar="HEADS",
             help="Medusa or EAGLE heads for the target: a folder (`specmlx train-heads`, or a "
-            "published layout) or a Hugging Face id; repeatable (one of each kind)."
+            "published layout) or a Hugging Face id; repeatable (one of each kind).",
         ),
     ] = None
 
