@@ -107,12 +107,12 @@ def test_an_interrupted_cache_resumes_from_its_shards(models, corpus, data_dir, 
     with pytest.raises(KeyboardInterrupt):
         cache_features(models, cut, FeatureSpec(), tmp_path, shard_tokens=100, progress=False)
     partial = open_shards(tmp_path)
-    assert not partial.index.complete and 0 < partial.index.n_sequences < 5
+    assert not partial.index.complete and partial.index.n_sequences == 5  # none made is lost
     with pytest.raises(SpecmlxError, match="cut short"):
         open_shards(tmp_path, whole=True)
     made.clear()
     cache_features(models, cut, FeatureSpec(), tmp_path, shard_tokens=100, progress=False)
-    assert made[0] == partial.index.n_sequences  # nothing made again
+    assert made[0] == 5  # nothing made again
     resumed, whole = open_shards(tmp_path, whole=True), open_shards(data_dir, whole=True)
     assert np.array_equal(resumed.tokens, whole.tokens)
     assert mx.array_equal(resumed.features, whole.features)

@@ -388,17 +388,17 @@ def cache_features(
         manifest["final"] = True
     grown = keep_grown(Path(out_dir), manifest, partial(_unchanged, corpus=corpus))
     if grown is not None and grown[1]:
-        note(
-            progress,
-            f"{out_dir}: other data; {grown[0]:,} of its {grown[1]:,} cached sequences begin it, kept",
-        )
+        kept, held = grown
+        note(progress, f"{out_dir}: other data; {kept:,} of its {held:,} sequences begin it, kept")
     writer = ShardWriter(Path(out_dir), manifest, models, shard_tokens)
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
-        for i in range(writer.index.n_sequences, len(corpus)):
-            tokens = corpus[i]
-            writer.add(tokens, *target_features(models.target, tokens, spec, chunk))
-            bar.advance(f"{writer.n_tokens:,} tokens")
-        writer.close()
+        try:
+            for i in range(writer.index.n_sequences, len(corpus)):
+                tokens = corpus[i]
+                writer.add(tokens, *target_features(models.target, tokens, spec, chunk))
+                bar.advance(f"{writer.n_tokens:,} tokens")
+        finally:  # on Ctrl-C too: the sequences made so far go to a shard, a rerun goes on
+            writer.close()
     return open_shards(Path(out_dir)).index
 
 

@@ -89,6 +89,7 @@ class ShardWriter:
             self._flush()
 
     def close(self) -> None:
+        """Write what is pending (also on Ctrl-C: nothing made is lost) and the index."""
         self._flush()
         self.index.complete = self.index.n_sequences == self.total
         write_json(self.folder / INDEX, asdict(self.index))
@@ -109,16 +110,20 @@ class ShardWriter:
         tmp = self.folder / f".{name}.tmp.safetensors"  # mlx keeps the suffix it needs
         mx.save_safetensors(str(tmp), arrays, metadata={"format": "specmlx-features"})
         os.replace(tmp, self.folder / name)
+        # The index is made whole aside and then swapped in: a Ctrl-C in between leaves the
+        # old one, and flushing the same pending sequences again rewrites the same shard.
+        counts = dict(self.index.counts)
         for token, n in zip(*np.unique(np.array(tokens), return_counts=True), strict=True):
-            key = str(int(token))
-            self.index.counts[key] = self.index.counts.get(key, 0) + int(n)
-        self.index.shards.append(
-            {"file": name, "sequences": len(self._pending), "tokens": len(tokens)}
+            counts[str(int(token))] = counts.get(str(int(token)), 0) + int(n)
+        shard = {"file": name, "sequences": len(self._pending), "tokens": len(tokens)}
+        index = FeatureIndex(
+            shards=[*self.index.shards, shard],
+            n_sequences=self.index.n_sequences + len(self._pending),
+            n_tokens=self.index.n_tokens + len(tokens),
+            counts=counts,
         )
-        self.index.n_sequences += len(self._pending)
-        self.index.n_tokens += len(tokens)
-        write_json(self.folder / INDEX, asdict(self.index))  # the shard counts from now on
-        self._pending = []
+        write_json(self.folder / INDEX, asdict(index))  # the shard counts from now on
+        self.index, self._pending = index, []
 
 
 def _check_manifest(folder: Path, manifest: dict[str, Any], models: Any) -> None:
