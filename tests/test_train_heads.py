@@ -420,7 +420,12 @@ def test_eval_heads_scores_the_held_out_text_as_training_did(models, data_dir, t
     args = ["eval-heads", "--target", str(models.target_path), "--data", str(data_dir)]
     result = CliRunner().invoke(app, [*args, "--heads", str(tmp_path / "h")])
     assert result.exit_code == 0, result.output
-    assert f"held-out top-1 {accuracy[0]:.1%}" in result.stdout
+    assert f"held-out top-1 {accuracy[0]:.1%}" in result.stdout and " on all (" in result.stdout
+    assert " on answers (3 sequences)" in result.stdout  # the cache has no files
+    assert " on files " not in result.stdout
+    assert heldout_top1(models, tmp_path / "h", data_dir, "answers") == (accuracy, 3)
+    with pytest.raises(UsageError, match="no held-out sequence"):
+        heldout_top1(models, tmp_path / "h", data_dir, "files")
     result = CliRunner().invoke(app, [*args, "--heads", str(tmp_path)])
     assert result.exit_code != 0 and "holds no heads" in result.output
     trained_without = fast(kind=kind, steps=2, holdout=0)

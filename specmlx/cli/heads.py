@@ -368,7 +368,9 @@ def eval_heads(
     target: DataTarget = None,
 ) -> None:
     """Held-out top-1 of trained heads on one feature cache: heads trained on other data
-    scored on the same held-out text (split and scored as train-heads does)."""
+    scored on the same held-out text (split and scored as train-heads does), over all
+    held-out sequences, then the target's answers alone (what heads draft) and the pieces
+    of files alone."""
     if not (data / "manifest.json").is_file():
         raise UsageError(f"no cached features in {data} (run train-heads with --data first)")
     for folder in heads:
@@ -377,13 +379,19 @@ def eval_heads(
     from rich.console import Console
 
     from specmlx.api.load import load
-    from specmlx.training.evaluate import heldout_top1
+    from specmlx.training.evaluate import PARTS, heldout_top1
 
     err = Console(stderr=True, highlight=False)
     with err.status("loading the target…"):
         models = load(target, default_draft=False)
     for folder in heads:
-        with err.status(f"scoring {folder}…"):
-            accuracy, sequences = heldout_top1(models, folder, data)
-        top1 = " ".join(f"{a:.1%}" for a in accuracy)
-        print(f"{folder}: held-out top-1 {top1} ({sequences} sequences of {data})")
+        for part in PARTS:
+            with err.status(f"scoring {folder} ({part})…"):
+                try:
+                    accuracy, sequences = heldout_top1(models, folder, data, part)
+                except UsageError:
+                    if part == "all":
+                        raise
+                    continue  # a cache of answers only, or of files only
+            top1 = " ".join(f"{a:.1%}" for a in accuracy)
+            print(f"{folder}: held-out top-1 {top1} on {part} ({sequences} sequences)")

@@ -160,7 +160,7 @@ def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
     makes them, k·prompts + i; the first part that is not generated ends the reading."""
     groups: list[int] = []
     first = 0  # the next part's first group
-    for part in _parts(source):
+    for part in source_parts(source):
         if part.get("kind") != "generated":
             break
         prompts = int(part["prompts"])
@@ -179,7 +179,7 @@ def prompt_positions(
     and the shipped set; None when a part's prompts are neither, or when a generated part
     follows files (whose count of pieces is not recorded)."""
     candidates = [c for c in (prompts, train_prompts()) if c is not None]
-    parts = _parts(source)
+    parts = source_parts(source)
     skip: list[int] = []
     for i, part in enumerate(parts):
         if part.get("kind") != "generated":
@@ -202,10 +202,11 @@ def prompt_positions(
     return skip[:n] + [0] * (n - len(skip))
 
 
-def _parts(source: dict[str, Any]) -> list[dict[str, Any]]:
+def source_parts(source: dict[str, Any]) -> list[dict[str, Any]]:
+    """The leaf parts of a corpus' recorded source, in order (joined corpora nest them)."""
     if "parts" not in source:
         return [source]
-    return [leaf for part in source["parts"] for leaf in _parts(part)]
+    return [leaf for part in source["parts"] for leaf in source_parts(part)]
 
 
 def _answer_batch(
@@ -408,7 +409,7 @@ def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int
     run trusts them to be: they are never made again to compare), any other by its tokens
     (pieces of files cost a tokenisation)."""
     trusted, offset = 0, 0
-    for saved, (new, count) in zip(_parts(saved_source), corpus.leaves, strict=False):
+    for saved, (new, count) in zip(source_parts(saved_source), corpus.leaves, strict=False):
         if saved != new or new.get("kind") != "generated":
             break
         trusted = offset = offset + count
