@@ -17,6 +17,7 @@ from specmlx.heads.base import HeadsConfig, target_vocab
 from specmlx.heads.eagle import EagleHead
 from specmlx.training.data import (
     Corpus,
+    answer_sequences,
     cache_features,
     cached_spec,
     file_corpus,
@@ -149,6 +150,7 @@ def test_a_cache_grows_with_its_data_and_makes_only_what_is_new(models, corpus, 
 
     small, large = data(300), data(900)
     assert len(small) < len(large)
+    assert answer_sequences(large.source) == len(corpus)  # files come after the answers
     grown, fresh = tmp_path / "grown", tmp_path / "fresh"
     spec = FeatureSpec((0, 1))
     cache_features(models, small, spec, grown, shard_tokens=50, progress=False)

@@ -379,19 +379,14 @@ def eval_heads(
     from rich.console import Console
 
     from specmlx.api.load import load
-    from specmlx.training.evaluate import PARTS, heldout_top1
+    from specmlx.training.evaluate import heldout_top1
 
     err = Console(stderr=True, highlight=False)
     with err.status("loading the target…"):
         models = load(target, default_draft=False)
     for folder in heads:
-        for part in PARTS:
-            with err.status(f"scoring {folder} ({part})…"):
-                try:
-                    accuracy, sequences = heldout_top1(models, folder, data, part)
-                except UsageError:
-                    if part == "all":
-                        raise
-                    continue  # a cache of answers only, or of files only
+        with err.status(f"scoring {folder}…"):
+            scores = heldout_top1(models, folder, data)
+        for part, (accuracy, sequences) in scores.items():
             top1 = " ".join(f"{a:.1%}" for a in accuracy)
             print(f"{folder}: held-out top-1 {top1} on {part} ({sequences} sequences)")

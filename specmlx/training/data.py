@@ -169,6 +169,17 @@ def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
     return groups[:n] + list(range(first, first + n - len(groups)))
 
 
+def answer_sequences(source: dict[str, Any]) -> int:
+    """How many of a cache's first sequences are the target's answers: those of its leading
+    generated parts (pieces of files come after them)."""
+    count = 0
+    for part in source_parts(source):
+        if part.get("kind") != "generated":
+            break
+        count += int(part["prompts"]) * int(part.get("samples", 1))
+    return count
+
+
 def prompt_positions(
     models: Models, source: dict[str, Any], n: int, prompts: list[str] | None = None
 ) -> list[int] | None:
@@ -408,11 +419,11 @@ def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int
     one where both data begin with the same generated parts (the same answers, as a resumed
     run trusts them to be: they are never made again to compare), any other by its tokens
     (pieces of files cost a tokenisation)."""
-    trusted, offset = 0, 0
+    trusted = 0  # the sequences of the generated parts both data begin with
     for saved, (new, count) in zip(source_parts(saved_source), corpus.leaves, strict=False):
         if saved != new or new.get("kind") != "generated":
             break
-        trusted = offset = offset + count
+        trusted += count
     made_by: list[tuple[int, int, str | None]] = []  # (first, end, kind) of each part
     offset = 0
     for source, count in corpus.leaves:

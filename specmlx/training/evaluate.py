@@ -21,23 +21,25 @@ from specmlx.api.models import Models
 from specmlx.errors import UsageError
 from specmlx.heads.base import check_target, target_vocab
 from specmlx.heads.store import load_heads
-from specmlx.training.data import prompt_positions, sequence_groups, source_parts, train_prompts
+from specmlx.training.data import (
+    answer_sequences,
+    prompt_positions,
+    sequence_groups,
+    train_prompts,
+)
 from specmlx.training.objectives import OBJECTIVES, Windows, heldout_accuracy, t2d_table
 from specmlx.training.shards import open_shards
 from specmlx.training.train import TrainConfig, split_sequences
 
-PARTS = ("all", "answers", "files")
-
 
 def heldout_top1(
-    models: Models, heads_dir: Path, data_dir: Path, part: str = "all"
-) -> tuple[list[float], int]:
-    """The top-1 accuracy of each head (EAGLE: each unrolled step) of the heads in
-    `heads_dir` on the held-out sequences of `data_dir` (answer positions where the cache's
-    prompts can be told, as in training), and how many sequences that is. `part`: all of
-    them, the target's answers only (what heads draft), or the pieces of files only."""
-    if part not in PARTS:
-        raise UsageError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
+    models: Models, heads_dir: Path, data_dir: Path
+) -> dict[str, tuple[list[float], int]]:
+    """Per part of the held-out sequences of `data_dir` (all of them, the target's answers
+    alone, the pieces of files alone; a part the cache lacks is left out): the top-1
+    accuracy of each head (EAGLE: each unrolled step) of the heads in `heads_dir`, on answer
+    positions where the cache's prompts can be told (as in training), and how many
+    sequences that is."""
     heads = load_heads(heads_dir, models.target, models.tokenizer)
     training = heads.config.training or {}
     if "settings" not in training:
@@ -52,33 +54,27 @@ def heldout_top1(
     source, n = data.manifest["source"], data.index.n_sequences
     skip = _answer_positions(models, source, n, Path(data_dir))
     _, held_ids = split_sequences(sequence_groups(source, n), config.holdout)
-    if part != "all":
-        answers = _answer_count(source)
-        held_ids = [i for i in held_ids if (i < answers) == (part == "answers")]
-    batch_size = config.batch_tokens // config.seq_len
-    heldout = Windows(data, config.seq_len, batch_size, config.seed, held_ids, skip)
-    if not len(heldout):
-        raise UsageError(f"{data_dir} holds no held-out sequence to score ({part})")
+    answers = answer_sequences(source)
+    parts = {
+        "all": held_ids,
+        "answers": [i for i in held_ids if i < answers],
+        "files": [i for i in held_ids if i >= answers],
+    }
     objective = OBJECTIVES[config.kind]
     d2t = None if heads.d2t is None else np.array(heads.d2t)
     batch_of = objective.batches(data, t2d_table(d2t, target_vocab(models.target)), config)
-    heads.eval()
-    accuracy = heldout_accuracy(
-        objective.loss(heads, config), batch_of, heldout, objective.labelled
-    )
+    loss_fn = objective.loss(heads, config)
+    batch_size = config.batch_tokens // config.seq_len
+    scores = {}
+    for part, ids in parts.items():
+        heldout = Windows(data, config.seq_len, batch_size, config.seed, ids, skip)
+        if len(heldout):
+            accuracy = heldout_accuracy(loss_fn, batch_of, heldout, objective.labelled)
+            scores[part] = (accuracy, len(ids))
+    if not scores:
+        raise UsageError(f"{data_dir} holds no held-out sequence to score")
     mx.clear_cache()
-    return accuracy, len(held_ids)
-
-
-def _answer_count(source: dict) -> int:
-    """How many of the cache's first sequences are the target's answers (its leading
-    generated parts; files come after them)."""
-    count = 0
-    for part in source_parts(source):
-        if part.get("kind") != "generated":
-            break
-        count += int(part["prompts"]) * int(part.get("samples", 1))
-    return count
+    return scores
 
 
 def _answer_positions(models: Models, source: dict, n: int, data_dir: Path) -> list[int] | None:

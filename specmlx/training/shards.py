@@ -112,9 +112,7 @@ class ShardWriter:
         os.replace(tmp, self.folder / name)
         # The index is made whole aside and then swapped in: a Ctrl-C in between leaves the
         # old one, and flushing the same pending sequences again rewrites the same shard.
-        counts = dict(self.index.counts)
-        for token, n in zip(*np.unique(np.array(tokens), return_counts=True), strict=True):
-            counts[str(int(token))] = counts.get(str(int(token)), 0) + int(n)
+        counts = _count_tokens(tokens, dict(self.index.counts))
         shard = {"file": name, "sequences": len(self._pending), "tokens": len(tokens)}
         index = FeatureIndex(
             shards=[*self.index.shards, shard],
@@ -124,6 +122,13 @@ class ShardWriter:
         )
         write_json(self.folder / INDEX, asdict(index))  # the shard counts from now on
         self.index, self._pending = index, []
+
+
+def _count_tokens(tokens: list[int], counts: dict[str, int]) -> dict[str, int]:
+    """`counts` (token id -> occurrences, as the index keeps them) with `tokens` added."""
+    for token, n in zip(*np.unique(np.array(tokens), return_counts=True), strict=True):
+        counts[str(int(token))] = counts.get(str(int(token)), 0) + int(n)
+    return counts
 
 
 def _check_manifest(folder: Path, manifest: dict[str, Any], models: Any) -> None:
@@ -157,9 +162,9 @@ def keep_grown(
     """Where `folder` holds features of other data for the same target and features (only
     the manifest's `source` and `sequences` differ), keep its leading shards whose every
     sequence i is still sequence i of the new data (`unchanged(saved source)(i, tokens)`),
-    drop the others and take the new manifest. Returns (sequences kept, sequences held) or None where nothing
-    changed; a folder whose first shard does not begin the new data is left for the
-    manifest check to refuse (it is other data, not more of it).
+    drop the others and take the new manifest. Returns (sequences kept, sequences held), or
+    None where nothing changed; a folder whose first shard does not begin the new data is
+    left for the manifest check to refuse (it is other data, not more of it).
 
     The index is rewritten before the manifest and the dropped shards go last, so an
     interruption anywhere leaves a folder the next run reads (and trims) alike."""
@@ -193,8 +198,7 @@ def keep_grown(
     grown = FeatureIndex(shards=[shard for shard, _ in kept], n_sequences=n)
     grown.n_tokens = sum(len(tokens) for _, tokens in kept)
     grown.complete = n == int(manifest["sequences"])
-    ids, counts = np.unique(np.concatenate([tokens for _, tokens in kept]), return_counts=True)
-    grown.counts = {str(int(t)): int(c) for t, c in zip(ids, counts, strict=True)}
+    grown.counts = _count_tokens([t for _, tokens in kept for t in tokens], {})
     write_json(folder / INDEX, asdict(grown))
     write_json(path, manifest)
     for shard in index.shards[len(kept) :]:
