@@ -656,6 +656,43 @@ def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, 
     assert every.heldout != plain.heldout
 
 
+def test_held_out_answers_and_files_are_scored_apart_and_answers_choose(
+    models, corpus, tmp_path
+):
+    """Held out from answers and pieces of files, each part is scored apart (all of them
+    together too, position by position), and the heads published are those of the best
+    score on the answers, which heads draft; eval-heads scores each part as training did."""
+    from specmlx.training.evaluate import heldout_top1
+    from specmlx.training.train import heldout_score
+
+    for i in range(8):
+        (tmp_path / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 10)
+    data = corpus + file_corpus([tmp_path], models.tokenizer, seq_len=64)
+    cache_features(models, data, FeatureSpec(), tmp_path / "data", progress=False)
+    config = fast(kind="medusa", steps=16, checkpoint_every=4, holdout=2, lr=3e-3)
+    report = train_heads(models, config, tmp_path / "data", tmp_path / "h", progress=False)
+    log = json.loads((tmp_path / "h" / "train_log.json").read_text())
+    held = [entry for entry in log["steps"] if "heldout" in entry]
+    assert len(held) == 4 and log["data"]["chosen_by"] == "held-out answers"
+    for entry in held:
+        answers, files = entry["heldout_parts"]["answers"], entry["heldout_parts"]["files"]
+        for every, a, f in zip(entry["heldout"], answers, files, strict=True):
+            assert min(a, f) - 1e-4 <= every <= max(a, f) + 1e-4  # a mean of the two
+    on_answers = {entry["step"]: np.mean(entry["heldout_parts"]["answers"]) for entry in held}
+    training = load_heads(tmp_path / "h", models.target, None).config.training
+    best = next(entry for entry in held if entry["step"] == training["best_step"])
+    assert on_answers[training["best_step"]] == max(on_answers.values())
+    assert training["heldout_parts"] == best["heldout_parts"] == report.heldout_parts
+    assert training["heldout_accuracy"] == best["heldout"] == list(report.heldout)
+    scores = heldout_top1(models, tmp_path / "h", tmp_path / "data")
+    for part in ("answers", "files"):
+        assert scores[part][0] == pytest.approx(best["heldout_parts"][part], abs=2e-4)
+    assert scores["all"][0] == pytest.approx(best["heldout"], abs=2e-4)
+    # The rule itself: answers where there are some, else everything held out.
+    assert heldout_score({"heldout": [0.9], "heldout_parts": {"answers": [0.1, 0.3]}}) == 0.2
+    assert heldout_score({"heldout": [0.5], "heldout_parts": {"files": [0.9]}}) == 0.5
+
+
 @pytest.mark.parametrize(
     ("kind", "steps", "lr", "least"), [("medusa", 200, 1e-2, 0.75), ("eagle", 100, 3e-3, 0.6)]
 )

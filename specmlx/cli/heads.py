@@ -267,6 +267,9 @@ def train_heads(
     report = run_training(models, config, data_dir, out, resume=True, prompts=texts, origin=origin)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
     heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none"
+    if "answers" in report.heldout_parts:
+        answers = " ".join(f"{a:.0%}" for a in report.heldout_parts["answers"])
+        heldout += f"; answers alone, which chose them: {answers}"
     err.print(
         f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
         f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"

@@ -180,6 +180,15 @@ def answer_sequences(source: dict[str, Any]) -> int:
     return count
 
 
+def split_parts(source: dict[str, Any], ids: list[int]) -> dict[str, list[int]]:
+    """The cached sequences `ids` by what they are: the target's answers, pieces of files
+    (a part with none of them left out). Held-out top-1 is scored on each apart: heads draft
+    answers, and a few pieces of files outweigh many short answers in positions."""
+    answers = answer_sequences(source)
+    parts = {"answers": [i for i in ids if i < answers], "files": [i for i in ids if i >= answers]}
+    return {part: members for part, members in parts.items() if members}
+
+
 def prompt_positions(
     models: Models, source: dict[str, Any], n: int, prompts: list[str] | None = None
 ) -> list[int] | None:

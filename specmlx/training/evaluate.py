@@ -21,13 +21,8 @@ from specmlx.api.models import Models
 from specmlx.errors import UsageError
 from specmlx.heads.base import check_target, target_vocab
 from specmlx.heads.store import load_heads
-from specmlx.training.data import (
-    answer_sequences,
-    prompt_positions,
-    sequence_groups,
-    train_prompts,
-)
-from specmlx.training.objectives import OBJECTIVES, Windows, heldout_accuracy, t2d_table
+from specmlx.training.data import prompt_positions, sequence_groups, split_parts, train_prompts
+from specmlx.training.objectives import OBJECTIVES, Windows, heldout_by_part, t2d_table
 from specmlx.training.shards import open_shards
 from specmlx.training.train import TrainConfig, split_sequences
 
@@ -54,27 +49,22 @@ def heldout_top1(
     source, n = data.manifest["source"], data.index.n_sequences
     skip = _answer_positions(models, source, n, Path(data_dir))
     _, held_ids = split_sequences(sequence_groups(source, n), config.holdout)
-    answers = answer_sequences(source)
-    parts = {
-        "all": held_ids,
-        "answers": [i for i in held_ids if i < answers],
-        "files": [i for i in held_ids if i >= answers],
-    }
+    parts = split_parts(source, held_ids)
     objective = OBJECTIVES[config.kind]
     d2t = None if heads.d2t is None else np.array(heads.d2t)
     batch_of = objective.batches(data, t2d_table(d2t, target_vocab(models.target)), config)
     loss_fn = objective.loss(heads, config)
     batch_size = config.batch_tokens // config.seq_len
-    scores = {}
-    for part, ids in parts.items():
-        heldout = Windows(data, config.seq_len, batch_size, config.seed, ids, skip)
-        if len(heldout):
-            accuracy = heldout_accuracy(loss_fn, batch_of, heldout, objective.labelled)
-            scores[part] = (accuracy, len(ids))
-    if not scores:
+    windows = {
+        part: Windows(data, config.seq_len, batch_size, config.seed, ids, skip)
+        for part, ids in parts.items()
+    }
+    accuracy = heldout_by_part(loss_fn, batch_of, windows, objective.labelled)
+    if not accuracy:
         raise UsageError(f"{data_dir} holds no held-out sequence to score")
     mx.clear_cache()
-    return scores
+    counts = {part: len(ids) for part, ids in parts.items()} | {"all": len(held_ids)}
+    return {part: (accuracy[part], counts[part]) for part in ("all", *parts) if part in accuracy}
 
 
 def _answer_positions(models: Models, source: dict, n: int, data_dir: Path) -> list[int] | None:

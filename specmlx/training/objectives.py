@@ -318,15 +318,15 @@ def step_function(
     return partial(mx.compile, inputs=state, outputs=state)(step)
 
 
-def heldout_accuracy(
+def heldout_hits(
     loss_fn: LossFn,
     batch_of: BatchFn,
     windows: Windows,
     labelled: Callable[[Batch], mx.array],
-) -> list[float]:
-    """Top-1 accuracy of each head (eagle: each unrolled step) over `windows`, which the
-    heads never trained on: each batch's accuracy weighted by the positions it counted
-    (the objective's `labelled`). Evaluated batch by batch; no gradients."""
+) -> tuple[list[float], list[float]]:
+    """Per head: how many of the positions of `windows` it got right, and how many it was
+    scored on (the objective's `labelled`: each batch's accuracy weighted by them).
+    Evaluated batch by batch; no gradients."""
     hits, counts = None, None
     for span in windows.in_order():
         batch = batch_of(*span)
@@ -336,8 +336,33 @@ def heldout_accuracy(
         counts = n if counts is None else counts + n
         mx.eval(hits, counts)
     if hits is None or counts is None:
-        return []
-    return [round(h / max(c, 1), 4) for h, c in zip(hits.tolist(), counts.tolist(), strict=True)]
+        return [], []
+    return hits.tolist(), counts.tolist()
+
+
+def heldout_by_part(
+    loss_fn: LossFn,
+    batch_of: BatchFn,
+    parts: dict[str, Windows],
+    labelled: Callable[[Batch], mx.array],
+) -> dict[str, list[float]]:
+    """Top-1 accuracy of each head (eagle: each unrolled step) on each part of the held-out
+    windows, which the heads never trained on, and over all of them together ("all": each
+    position counts once, as if they were one part)."""
+    scores: dict[str, list[float]] = {}
+    every = np.zeros((2, 0))  # hits and counts per head, all parts together
+    for part, windows in parts.items():
+        hits, counts = heldout_hits(loss_fn, batch_of, windows, labelled)
+        if hits:
+            scores[part] = _ratios(hits, counts)
+            every = np.array([hits, counts]) + (every if every.size else 0)
+    if every.size:
+        scores["all"] = _ratios(every[0].tolist(), every[1].tolist())
+    return scores
+
+
+def _ratios(hits: list[float], counts: list[float]) -> list[float]:
+    return [round(h / max(c, 1), 4) for h, c in zip(hits, counts, strict=True)]
 
 
 # --- the objective of each kind -----------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -41,11 +41,11 @@ from specmlx.heads.base import HeadsConfig, check_target, fingerprint, target_vo
 from specmlx.heads.kinds import KINDS, trainable_kind
 from specmlx.progress import progress_bar
 from specmlx.training import checkpoint as ckpt
-from specmlx.training.data import draft_vocab, prompt_positions, sequence_groups
+from specmlx.training.data import draft_vocab, prompt_positions, sequence_groups, split_parts
 from specmlx.training.objectives import (
     OBJECTIVES,
     Windows,
-    heldout_accuracy,
+    heldout_by_part,
     schedule,
     step_function,
     t2d_table,
@@ -155,6 +155,7 @@ class TrainReport:
     heldout: tuple[float, ...]  # the same on the held-out sequences (empty: none held out)
     data_tokens: int
     plot: Path | None = None
+    heldout_parts: dict[str, list[float]] = field(default_factory=dict)  # answers, files
 
 
 def train_heads(
@@ -191,13 +192,18 @@ def train_heads(
     batch_size = config.batch_tokens // config.seq_len
     trained_skip = skip if config.answers_only else None
     windows = Windows(data, config.seq_len, batch_size, config.seed, train_ids, trained_skip)
-    heldout = Windows(data, config.seq_len, batch_size, config.seed, held_ids, skip)
+    heldout = {}  # scored apart: answers, pieces of files
+    for part, ids in split_parts(source, held_ids).items():
+        part_windows = Windows(data, config.seq_len, batch_size, config.seed, ids, skip)
+        if len(part_windows):
+            heldout[part] = part_windows
     if not len(windows):
         raise UsageError(f"{data_dir} holds no sequence of 3 tokens or more to train on")
     total = config.steps or max(1, math.ceil(config.epochs * len(windows) / windows.batch_size))
     summary = _data_summary(data, windows, d2t) | {"heldout_sequences": len(held_ids)}
     summary["trained_on"] = "all positions" if trained_skip is None else "answers"
     summary["heldout_scored"] = "all positions" if skip is None else "answers"
+    summary["chosen_by"] = "held-out answers" if "answers" in heldout else "all held out"
     record = {"settings": settings_record(config), "data": summary}
 
     heads = _create(models, config, d2t)
@@ -213,10 +219,7 @@ def train_heads(
     loss_fn = objective.loss(heads, config)
     batch_of = objective.batches(data, t2d_table(d2t, vocab), config)
     step_fn = step_function(heads, optimizer, loss_fn, config.grad_clip, config.compile)
-    if not len(heldout):
-        evaluate = None
-    else:
-        evaluate = partial(heldout_accuracy, loss_fn, batch_of, heldout, objective.labelled)
+    evaluate = partial(heldout_by_part, loss_fn, batch_of, heldout, objective.labelled)
 
     with (
         ckpt.deferred_interrupt() as interrupt,
@@ -234,10 +237,12 @@ def train_heads(
             bar.advance(run.record(values, len(terms)))
             stopping = interrupt.requested or run.step == stop_after
             due = run.step % config.checkpoint_every == 0
-            if evaluate is not None and (due or run.step == total):
-                run.log[-1]["heldout"] = evaluate()
+            if heldout and (due or run.step == total):
+                scores = evaluate()
+                run.log[-1]["heldout"] = scores.pop("all")
+                run.log[-1]["heldout_parts"] = scores
                 weights = dict(tree_flatten(heads.trainable_parameters()))
-                run.improved(heldout_score(run.log[-1]["heldout"]), weights, config.min_gain)
+                run.improved(heldout_score(run.log[-1]), weights, config.min_gain)
                 converged = config.patience and run.stale >= config.patience
                 if converged:
                     run.log[-1]["converged"] = True
@@ -255,6 +260,7 @@ def train_heads(
     described = summary if origin is None else summary | {"origin": origin}
     training = {"data": described, "steps": run.step, "seed": config.seed, "losses": final}
     training["heldout_accuracy"] = best_heldout(run)
+    training["heldout_parts"] = best_evaluation(run).get("heldout_parts", {})
     training |= {"best_step": run.best_step, "planned_steps": total}
     training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
     heads.config = replace(heads.config, training=training)
@@ -420,19 +426,30 @@ def _report(
         tuple(best_heldout(run)),
         summary["tokens"],
         plot,
+        best_evaluation(run).get("heldout_parts", {}),
     )
 
 
-def heldout_score(accuracy: list[float]) -> float:
+def heldout_score(entry: dict) -> float:
     """What early stopping and the choice of weights go by: the held-out top-1 accuracies
-    of the heads (EAGLE: of its unrolled steps), averaged. Later heads count as much as the
-    first: a draft keeps its deep tokens only where they are right too."""
+    of the heads (EAGLE: of its unrolled steps) on the held-out answers where there are
+    some (else on all held-out sequences), averaged. Answers, because heads draft answers:
+    scored over all positions, a few pieces of files outweigh many short answers (more of
+    the standard library raised that score while the Qwen heads drafted answers no
+    better). Later heads count as much as the first: a draft keeps its deep tokens only
+    where they are right too."""
+    accuracy = entry.get("heldout_parts", {}).get("answers") or entry["heldout"]
     return float(np.mean(accuracy)) if accuracy else -1.0
 
 
 def best_heldout(run: ckpt.RunState) -> list[float]:
     """The held-out accuracies of the best evaluation in the run's log (else the newest;
     empty: none measured)."""
+    return best_evaluation(run).get("heldout", [])
+
+
+def best_evaluation(run: ckpt.RunState) -> dict:
+    """The log entry of the run's best held-out evaluation (else its newest; {}: none)."""
     held = [entry for entry in run.log if "heldout" in entry]
     best = [entry for entry in held if entry["step"] == run.best_step]
-    return (best or held or [{"heldout": []}])[-1]["heldout"]
+    return (best or held or [{}])[-1]
