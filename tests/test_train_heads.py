@@ -656,9 +656,7 @@ def test_training_scores_answers_when_it_can_tell_the_prompts(models, data_dir, 
     assert every.heldout != plain.heldout
 
 
-def test_held_out_answers_and_files_are_scored_apart_and_answers_choose(
-    models, corpus, tmp_path
-):
+def test_held_out_answers_and_files_are_scored_apart_and_answers_choose(models, corpus, tmp_path):
     """Held out from answers and pieces of files, each part is scored apart (all of them
     together too, position by position), and the heads published are those of the best
     score on the answers, which heads draft; eval-heads scores each part as training did."""

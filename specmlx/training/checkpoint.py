@@ -184,8 +184,8 @@ def publish(
 
 
 def plot(steps: list[dict[str, Any]], path: Path) -> bool:
-    """Loss and top-1 accuracy per step (and on the held-out sequences where measured), as a
-    PNG (False when matplotlib is missing)."""
+    """Loss and top-1 accuracy per step (and on the held-out answers, else sequences, where
+    measured), as a PNG (False when matplotlib is missing)."""
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend to set
     except ImportError:
@@ -203,12 +203,17 @@ def plot(steps: list[dict[str, Any]], path: Path) -> bool:
         accuracy_axes.plot(
             x, [entry["accuracy"][i] for entry in steps], f"C{i}", linewidth=0.8, label=label
         )
-        if held:  # the same heads on sequences they never trained on
+        if held:  # the same heads on sequences they never trained on: the answers, which
+            # choose the heads, where there are some
+            answers = all("answers" in entry.get("heldout_parts", {}) for entry in held)
             accuracy_axes.plot(
                 [entry["step"] for entry in held],
-                [entry["heldout"][i] for entry in held],
+                [
+                    (entry["heldout_parts"]["answers"] if answers else entry["heldout"])[i]
+                    for entry in held
+                ],
                 f"C{i}o--",
-                label=f"{label}, held out",
+                label=f"{label}, held-out {'answers' if answers else 'sequences'}",
             )
     accuracy_axes.set(xlabel="step", ylabel="top-1 accuracy", title="accuracy", ylim=(0, 1))
     accuracy_axes.legend()
