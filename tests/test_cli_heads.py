@@ -158,6 +158,35 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
     assert invoke(*args, "--draft-vocab", "0", "--holdout", "0").exit_code == 0
 
 
+def test_task_prompts_are_answered_and_told_apart_from_their_answers(tiny_dirs, tmp_path):
+    """`--task-prompts N` answers N tasks on the functions of the --files beside the shipped
+    prompts; the data folder keeps the prompts answered, from which eval-heads tells where
+    each answer starts as training did (the same held-out score)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"m{i}.py").write_text(
+            f'def f{i}(x):\n    """Add {i}."""\n    y = x + {i}\n    return y\n'
+        )
+    out, data = tmp_path / "h", tmp_path / "data"
+    args = ["train-heads", "--target", str(tiny_dirs["llama"]), "--out", str(out)]
+    args += ["--data", str(data), "--limit", "2", "--task-prompts", "4", "--files", str(src)]
+    args += ["--answer-tokens", "8", "--steps", "4", "--seq-len", "16", "--batch-tokens", "32"]
+    result = invoke(*args, "--holdout", "2", "--checkpoint-every", "2")
+    assert result.exit_code == 0, result.output
+    training = json.loads((out / "config.json").read_text())["training"]
+    assert training["data"]["origin"]["task_prompts"] == 4
+    assert training["data"]["source"]["parts"][0]["prompts"] == 2 + 4
+    assert training["data"]["heldout_scored"] == "answers"
+    answered = [json.loads(line)["prompt"] for line in (data / "answered-prompts.jsonl").open()]
+    assert len(answered) == 6 and all("```python\ndef f" in p for p in answered[2:])
+    target = str(tiny_dirs["llama"])
+    scored = invoke("eval-heads", "--target", target, "--heads", str(out), "--data", str(data))
+    assert scored.exit_code == 0, scored.output
+    top1 = training["heldout_parts"]["answers"][0]
+    assert f"held-out top-1 {top1:.1%}" in scored.stdout.splitlines()[1]  # the answers' line
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
@@ -171,6 +200,7 @@ def test_train_heads_command_trains_then_has_nothing_to_do(tiny_dirs, tmp_path):
         (["--kind", "eagle", "--feature-noise", "-1"], "feature noise must be >= 0"),
         (["--kind", "eagle", "--feature-noise", "nan"], "feature noise must be >= 0"),
         (["--feature-noise", "0.1"], "feature noise is for eagle heads"),
+        (["--task-prompts", "4"], "--task-prompts are made from --files"),
     ],
 )
 def test_train_heads_bad_input_is_one_line(tiny_dirs, tmp_path, extra, needle):

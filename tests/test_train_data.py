@@ -266,3 +266,51 @@ def test_heads_stored_in_bfloat16_load_back_in_their_own_dtype(models, tmp_path)
         assert mx.array_equal(value, original.astype(mx.bfloat16).astype(mx.float32))
     with pytest.raises(UsageError, match="save dtype"):
         TrainConfig(save_dtype="int8")
+
+
+def test_task_prompts_ask_for_work_on_the_files_functions(tmp_path, monkeypatch):
+    """Tasks on the functions, classes and methods of Python files: distinct, the same for
+    the same seed, methods as if at top level; implement-tasks only on functions with a
+    docstring; files with no code in them are a one-line error; kept in the data folder."""
+    import ast
+
+    from specmlx.training import tasks
+
+    tmp_path, root = tmp_path / "src", tmp_path
+    tmp_path.mkdir()
+    (tmp_path / "shapes.py").write_text(
+        "class Square:\n"
+        "    def __init__(self, side):\n        self.side = side\n\n"
+        "    def area(self):\n        '''The area.'''\n        side = self.side\n"
+        "        return side * side\n"
+    )
+    for i in range(5):
+        (tmp_path / f"m{i}.py").write_text(
+            f"def f{i}(x, y):\n    '''Sum plus {i}.'''\n    s = x + y\n    return s + {i}\n"
+        )
+    (tmp_path / "notes.txt").write_text("def not_python():\n    pass\n\n\n")
+    prompts = tasks.task_prompts([tmp_path], 20, seed=0)
+    assert len(prompts) == len(set(prompts)) <= 20 and len(prompts) >= 6
+    assert prompts == tasks.task_prompts([tmp_path], 20, seed=0)
+    assert prompts != tasks.task_prompts([tmp_path], 20, seed=1)  # another order
+    assert len(tasks.task_prompts([tmp_path], 3, seed=0)) == 3
+    for prompt in prompts:
+        code = prompt.split("```python\n")[1].split("\n```")[0]
+        ast.parse(code)  # a method cut out of its class reads as top-level code
+        assert "not_python" not in code
+        if prompt.startswith("Implement"):
+            assert '"""' in code or "'''" in code
+            assert "return" not in code  # the body is left to write
+    pieces = {name for name, _, _ in tasks.code_pieces(tmp_path / "shapes.py")}
+    assert pieces == {"Square", "area"}  # __init__ is 2 lines: too short to ask about
+    empty = root / "empty"
+    empty.mkdir()
+    (empty / "a.py").write_text("x = 1\n")
+    with pytest.raises(UsageError, match="no Python function or class"):
+        tasks.task_prompts([empty], 4)
+    with pytest.raises(UsageError, match="at least one task prompt"):
+        tasks.task_prompts([tmp_path], 0)
+    kept = tasks.cached_task_prompts(root / "data", [tmp_path], 20, seed=0)
+    assert kept == prompts and len(list((root / "data").glob("tasks-20-seed0-*.jsonl"))) == 1
+    monkeypatch.setattr(tasks, "task_prompts", lambda *a, **k: pytest.fail("made again"))
+    assert tasks.cached_task_prompts(root / "data", [tmp_path], 20, seed=0) == prompts

@@ -75,6 +75,16 @@ def train_heads(
             "chat template's user prefix), kept in the data folder."
         ),
     ] = 0,
+    tasks: Annotated[
+        int,
+        typer.Option(
+            "--task-prompts",
+            metavar="N",
+            help="Also answer N prompts made from the Python files among --files: tasks on "
+            "their functions and classes (explain, test, annotate, summarise, list as JSON, "
+            "implement, review, shorten, port), kept in the data folder.",
+        ),
+    ] = 0,
     files: Annotated[
         list[Path] | None,
         typer.Option(
@@ -160,6 +170,10 @@ def train_heads(
             raise UsageError(f"no such file or folder: {path}")
     if samples < 1 or not 0 < temperature < float("inf"):
         raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
+    if tasks and not (files and self_distill):
+        raise UsageError("--task-prompts are made from --files and answered: give --files")
+    if tasks < 0 or magpie < 0:
+        raise UsageError(f"need --task-prompts and --magpie >= 0, got {tasks}, {magpie}")
     if prompts is not None and not prompts.is_file():
         raise UsageError(f"no such prompts file: {prompts}")
     from specmlx.training.objectives import OBJECTIVES
@@ -194,7 +208,13 @@ def train_heads(
     from specmlx.api.load import load
     from specmlx.engine.features import FeatureSpec
     from specmlx.training.checkpoint import check_out_dir, has_checkpoint
-    from specmlx.training.data import cache_features, cached_spec, file_corpus, generate_corpus
+    from specmlx.training.data import (
+        cache_features,
+        cached_spec,
+        file_corpus,
+        generate_corpus,
+        write_answered,
+    )
     from specmlx.training.train import settings_record
     from specmlx.training.train import train_heads as run_training
 
@@ -239,6 +259,14 @@ def train_heads(
             texts = texts + cached_magpie_prompts(
                 models, data_dir, magpie, seed=seed, batch_size=max(batch_size, 32)
             )
+        if tasks:
+            from specmlx.training.tasks import cached_task_prompts
+
+            with err.status("making task prompts from the files…"):
+                texts = texts + cached_task_prompts(
+                    data_dir, files or [], tasks, seed, exclude or ()
+                )
+        write_answered(data_dir, texts)  # for eval-heads to tell prompts from answers
         corpus = generate_corpus(
             models,
             texts,
@@ -264,6 +292,8 @@ def train_heads(
     origin = _origin(prompts if self_distill else None, self_distill, limit, files or [])
     if magpie:
         origin["magpie"] = magpie
+    if tasks:
+        origin["task_prompts"] = tasks
     report = run_training(models, config, data_dir, out, resume=True, prompts=texts, origin=origin)
     accuracy = " ".join(f"{a:.0%}" for a in report.accuracy)
     heldout = " ".join(f"{a:.0%}" for a in report.heldout) or "none"

@@ -39,6 +39,7 @@ from specmlx.engine.cache import make_cache
 from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
+from specmlx.io.files import write_atomic
 from specmlx.progress import note, progress_bar
 from specmlx.training.shards import FeatureIndex, ShardWriter, keep_grown, open_shards
 
@@ -80,6 +81,24 @@ def train_prompts() -> list[str]:
     extraction to JSON, summaries, chat, creative writing; none of them a bench prompt."""
     text = resources.files("specmlx").joinpath("data/train_prompts.jsonl").read_text("utf-8")
     return [json.loads(line)["prompt"] for line in text.splitlines() if line.strip()]
+
+
+ANSWERED = "answered-prompts.jsonl"  # in a data folder: the prompts its answers answer
+
+
+def write_answered(folder: Path, prompts: list[str]) -> None:
+    """Keep the prompts a data folder's answers answer, in order, beside its features: where
+    each answer starts is told from them later (`prompt_positions`, eval-heads)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / ANSWERED, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+
+
+def read_answered(folder: Path) -> list[str] | None:
+    """The prompts `write_answered` kept in `folder`, if it did."""
+    path = folder / ANSWERED
+    if not path.is_file():
+        return None
+    return [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
 
 
 def generate_corpus(
@@ -275,7 +294,7 @@ def file_corpus(
     if max_tokens is not None and max_tokens < 1:
         raise UsageError(f"file tokens must be at least 1, got {max_tokens}")
     exclude = list(exclude)
-    files = [f for f in _expand(paths) if not any(fnmatch(str(f), x) for x in exclude)]
+    files = matching_files(paths, exclude)
     if max_tokens is not None:
         files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
     pieces: list[list[int]] = []
@@ -311,6 +330,13 @@ def file_corpus(
     if exclude:
         source["exclude"] = exclude
     return Corpus(source, len(pieces), pieces.__getitem__)
+
+
+def matching_files(paths: Iterable[str | Path], exclude: Iterable[str] = ()) -> list[Path]:
+    """The files `paths` name (files, folders: every file under them, hidden ones skipped,
+    or glob patterns), sorted, those whose path matches a pattern in `exclude` left out."""
+    exclude = list(exclude)
+    return [f for f in _expand(paths) if not any(fnmatch(str(f), x) for x in exclude)]
 
 
 def _expand(paths: Iterable[str | Path]) -> list[Path]:

@@ -21,7 +21,13 @@ from specmlx.api.models import Models
 from specmlx.errors import UsageError
 from specmlx.heads.base import check_target, target_vocab
 from specmlx.heads.store import load_heads
-from specmlx.training.data import prompt_positions, sequence_groups, split_parts, train_prompts
+from specmlx.training.data import (
+    prompt_positions,
+    read_answered,
+    sequence_groups,
+    split_parts,
+    train_prompts,
+)
 from specmlx.training.objectives import OBJECTIVES, Windows, heldout_by_part, t2d_table
 from specmlx.training.shards import open_shards
 from specmlx.training.train import TrainConfig, split_sequences
@@ -68,14 +74,16 @@ def heldout_top1(
 
 
 def _answer_positions(models: Models, source: dict, n: int, data_dir: Path) -> list[int] | None:
-    """The prompt positions to leave unscored, told from the shipped prompts and the Magpie
-    prompts kept in the data folder (as train-heads made them); None: every position."""
+    """The prompt positions to leave unscored, told from the prompts train-heads kept in the
+    data folder (in a folder made before it kept them: the shipped prompts and the Magpie
+    prompts); None: every position."""
     shipped = train_prompts()
+    answered = read_answered(data_dir)
     candidates = [shipped] + [
         shipped + [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
         for path in sorted(data_dir.glob("magpie-*.jsonl"))
     ]
-    for prompts in reversed(candidates):
+    for prompts in reversed(candidates + ([answered] if answered else [])):
         skip = prompt_positions(models, source, n, prompts)
         if skip is not None:
             return skip
