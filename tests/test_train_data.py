@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 
 import specmlx
 from specmlx.engine.features import FeatureSpec, backbone
+from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import SpecmlxError, UsageError
 from specmlx.heads.base import HeadsConfig, target_vocab
 from specmlx.heads.eagle import EagleHead
@@ -314,3 +315,46 @@ def test_task_prompts_ask_for_work_on_the_files_functions(tmp_path, monkeypatch)
     assert kept == prompts and len(list((root / "data").glob("tasks-20-seed0-*.jsonl"))) == 1
     monkeypatch.setattr(tasks, "task_prompts", lambda *a, **k: pytest.fail("made again"))
     assert tasks.cached_task_prompts(root / "data", [tmp_path], 20, seed=0) == prompts
+
+
+@pytest.mark.parametrize("spec", [FeatureSpec((0, 1)), FeatureSpec()])
+def test_batched_answers_carry_the_features_a_pass_of_their_own_reads(models, spec):
+    """Answered in batches, every sequence (prompt + answer, greedy and sampled, rows that
+    end early and rows cut at max_tokens, a last block of 2) comes with the features, next
+    tokens and final states a teacher-forced pass over it reads, and the same tokens as a
+    request for tokens alone."""
+    from types import SimpleNamespace
+
+    from specmlx.training.answers import answer_batch
+    from specmlx.training.data import encode_prompt, target_features
+
+    prompts = [*PROMPTS, "Write a haiku about the sea", "x"]
+    corpus = generate_corpus(models, prompts, max_tokens=10, seed=0, batch_size=4, samples=2)
+    alone = generate_corpus(models, prompts, max_tokens=10, seed=0, batch_size=4, samples=2)
+    for i in range(len(corpus)):
+        tokens, features, nexts, finals = corpus.with_features(i, spec)
+        assert tokens == alone[i]  # a request for tokens alone: the same answers
+        want, want_nexts, want_finals = target_features(models.target, tokens, spec)
+        assert features.shape == want.shape and features.dtype == mx.float16
+        assert mx.allclose(features, want, atol=2e-2, rtol=1e-2)
+        assert nexts.tolist() == want_nexts.tolist()
+        if spec.layers:
+            assert mx.allclose(finals, want_finals, atol=2e-2, rtol=1e-2)
+        else:
+            assert finals is None and want_finals is None
+    # Rows that end their turn early: the stop token is kept and read too.
+    ids = [encode_prompt(models, p, True) for p in prompts[:4]]
+    free = answer_batch(models, ids, 8, SamplingConfig(), 0)
+    stop = free[1].answer[2]  # row 1 says it third: a stop token ends row 1 there
+    stopping = SimpleNamespace(
+        target=models.target, tokenizer=SimpleNamespace(eos_token_ids={stop})
+    )
+    rows = answer_batch(stopping, ids, 8, SamplingConfig(), 0, spec)
+    assert rows[1].answer == free[1].answer[:3]
+    for row, prompt in zip(rows, ids, strict=True):
+        assert row.answer[-1] == stop or len(row.answer) == 8
+        assert stop not in row.answer[:-1]
+        assert row.features.shape[0] == row.nexts.shape[0] == len(prompt) + len(row.answer)
+        want, want_nexts, _ = target_features(models.target, prompt + row.answer, spec)
+        assert mx.allclose(row.features, want, atol=2e-2, rtol=1e-2)
+        assert row.nexts.tolist() == want_nexts.tolist()

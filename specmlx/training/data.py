@@ -41,23 +41,43 @@ from specmlx.engine.sampling import SamplingConfig
 from specmlx.errors import UsageError
 from specmlx.io.files import write_atomic
 from specmlx.progress import note, progress_bar
+from specmlx.training.answers import Answered, answer_batch
 from specmlx.training.shards import FeatureIndex, ShardWriter, keep_grown, open_shards
 
 CHUNK = 512  # tokens per target call when caching features (long sequences go in pieces)
 SHARD_TOKENS = 1 << 16
 
 
+Featured = tuple[list[int], mx.array, mx.array, mx.array | None]  # as ShardWriter.add takes
+
+
 class Corpus(SequenceABC):
     """Token sequences made on demand (`make(i)`), and a record of where they come from.
 
     `source` is plain data: the feature cache keeps it in its manifest and refuses to
-    resume over shards made from other data."""
+    resume over shards made from other data. `featured(i, spec)`, where given, makes
+    sequence i with the target's features over it from the same calls (the target's own
+    answers: `specmlx.training.answers`), tokens, features, next tokens, final states."""
 
-    def __init__(self, source: dict[str, Any], count: int, make: Callable[[int], list[int]]):
+    def __init__(
+        self,
+        source: dict[str, Any],
+        count: int,
+        make: Callable[[int], list[int]],
+        featured: Callable[[int, FeatureSpec], Featured] | None = None,
+    ):
         self.source = source
         self._count = count
         self._make = make
+        self._featured = featured
         self.leaves = [(source, count)]  # the parts it joins, each with its count
+
+    def with_features(self, i: int, spec: FeatureSpec) -> Featured | None:
+        """Sequence i and the target's features over it, where the corpus makes them
+        together; None where they are to be read by a pass of their own."""
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        return None if self._featured is None else self._featured(i, spec)
 
     def __len__(self) -> int:
         return self._count
@@ -71,7 +91,12 @@ class Corpus(SequenceABC):
         def make(i: int) -> list[int]:
             return self[i] if i < len(self) else other[i - len(self)]
 
-        joined = Corpus({"parts": [self.source, other.source]}, len(self) + len(other), make)
+        def featured(i: int, spec: FeatureSpec) -> Featured | None:
+            n = len(self)
+            return self.with_features(i, spec) if i < n else other.with_features(i - n, spec)
+
+        count = len(self) + len(other)
+        joined = Corpus({"parts": [self.source, other.source]}, count, make, featured)
         joined.leaves = self.leaves + other.leaves
         return joined
 
@@ -119,10 +144,11 @@ def generate_corpus(
     sequence k·n + i is the k-th answer to prompt i of n, so the data holds the target's
     likely turns as well as its single most likely one (its greedy next tokens stay the
     labels). `batch_size` 1 decodes plainly through `specmlx.api`, with a sampler drawing
-    sequence j from seed `seed + j`; more answers `batch_size` prompts at once (mlx-lm's
-    batched generation, several times the tokens per second on a memory-bound machine;
-    block b of answer k drawn from seed `seed + k·blocks + b`). Either way a sequence is
-    the same whenever it is made, alone or in a resumed run."""
+    sequence j from seed `seed + j`; more answers `batch_size` prompts at once
+    (`specmlx.training.answers`: several times the tokens per second on a memory-bound
+    machine, and the features cached from the very calls that answer; block b of answer k
+    drawn from seed `seed + k·blocks + b`). Either way a sequence is the same whenever it
+    is made, alone or in a resumed run."""
     prompts = list(train_prompts() if prompts is None else prompts)
     if not prompts:
         raise UsageError("no prompts to generate training data from")
@@ -132,29 +158,42 @@ def generate_corpus(
     sampled = SamplingConfig(temperature=temperature, top_p=0.95) if samples > 1 else sampling
     n = len(prompts)
     n_blocks = -(-n // batch_size)
-    blocks: dict[tuple[int, int], list[list[int]]] = {}  # the newest block of a batched run
+    # The newest block of a batched run, and the features made with it (None: none).
+    blocks: dict[tuple[int, int], tuple[FeatureSpec | None, list[Answered]]] = {}
 
-    def make(j: int) -> list[int]:
+    def answered(j: int, spec: FeatureSpec | None) -> tuple[list[int], Answered]:
         k, i = divmod(j, n)
-        how = sampling if k == 0 else sampled
-        prompt_ids = encode_prompt(models, prompts[i], chat_template)
-        if batch_size == 1:
-            config = GenerationConfig(
-                method="none", max_tokens=max_tokens, sampling=how, chat_template=chat_template
-            )
-            return (
-                prompt_ids + generate(models, prompts[i], replace(config, seed=seed + j)).token_ids
-            )
         block = i // batch_size
-        if (k, block) not in blocks:
+        made = blocks.get((k, block))
+        if made is None or (spec is not None and made[0] != spec):
             first = block * batch_size
             ids = [
                 encode_prompt(models, p, chat_template) for p in prompts[first : first + batch_size]
             ]
             blocks.clear()
+            how = sampling if k == 0 else sampled
             draw = seed + k * n_blocks + block
-            blocks[k, block] = _answer_batch(models, ids, max_tokens, how, draw)
-        return prompt_ids + blocks[k, block][i % batch_size]
+            blocks[k, block] = made = spec, answer_batch(models, ids, max_tokens, how, draw, spec)
+        return encode_prompt(models, prompts[i], chat_template), made[1][i % batch_size]
+
+    def make(j: int) -> list[int]:
+        if batch_size > 1:
+            prompt_ids, row = answered(j, None)
+            return prompt_ids + row.answer
+        k, i = divmod(j, n)
+        config = GenerationConfig(
+            method="none",
+            max_tokens=max_tokens,
+            sampling=sampling if k == 0 else sampled,
+            chat_template=chat_template,
+        )
+        prompt_ids = encode_prompt(models, prompts[i], chat_template)
+        return prompt_ids + generate(models, prompts[i], replace(config, seed=seed + j)).token_ids
+
+    def featured(j: int, spec: FeatureSpec) -> Featured:
+        prompt_ids, row = answered(j, spec)
+        assert row.features is not None and row.nexts is not None
+        return prompt_ids + row.answer, row.features, row.nexts, row.finals
 
     source = {
         "kind": "generated",
@@ -168,7 +207,7 @@ def generate_corpus(
     }
     if samples > 1:
         source |= {"samples": samples, "sampled": vars(sampled)}
-    return Corpus(source, n * samples, make)
+    return Corpus(source, n * samples, make, featured if batch_size > 1 else None)
 
 
 def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
@@ -246,30 +285,6 @@ def source_parts(source: dict[str, Any]) -> list[dict[str, Any]]:
     if "parts" not in source:
         return [source]
     return [leaf for part in source["parts"] for leaf in source_parts(part)]
-
-
-def _answer_batch(
-    models: Models, prompts: list[list[int]], max_tokens: int, sampling: SamplingConfig, seed: int
-) -> list[list[int]]:
-    """The target's answers to several prompts at once; the stop token ends a finished one."""
-    from mlx_lm.generate import batch_generate
-    from mlx_lm.sample_utils import make_sampler
-
-    mx.random.seed(seed)
-    sampler = make_sampler(sampling.temperature, sampling.top_p, top_k=sampling.top_k)
-    answers = batch_generate(
-        models.target,
-        models.tokenizer,
-        prompts,
-        max_tokens=max_tokens,
-        return_token_ids=True,
-        sampler=sampler,
-    ).token_ids
-    # mlx-lm leaves the stop token out: an answer shorter than max_tokens met one, and not
-    # which one when there are several; a chat answer ends its turn, and the primary EOS is
-    # the end-of-turn token of chat models (SmolLM2's and Qwen's <|im_end|>).
-    stop = models.tokenizer.eos_token_id
-    return [a + [stop] if len(a) < max_tokens and stop is not None else a for a in answers]
 
 
 def file_corpus(
@@ -441,8 +456,11 @@ def cache_features(
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
         try:
             for i in range(writer.index.n_sequences, len(corpus)):
-                tokens = corpus[i]
-                writer.add(tokens, *target_features(models.target, tokens, spec, chunk))
+                made = corpus.with_features(i, spec)  # the target's answers: as it answers
+                if made is None:
+                    tokens = corpus[i]
+                    made = (tokens, *target_features(models.target, tokens, spec, chunk))
+                writer.add(*made)
                 bar.advance(f"{writer.n_tokens:,} tokens")
         finally:  # on Ctrl-C too: the sequences made so far go to a shard, a rerun goes on
             writer.close()
