@@ -26,7 +26,8 @@ from specmlx.api.models import Models
 from specmlx.engine.features import Capture, FeatureSpec, capturing
 from specmlx.engine.sampling import SamplingConfig
 
-PREFILL_TOKENS = 2048  # prompt tokens per batched prefill call, all rows together
+PREFILL_TOKENS = 512  # prompt tokens per batched prefill call, all rows together (short
+# calls: Ctrl-C waits for the one under way)
 
 
 @dataclass(frozen=True)
