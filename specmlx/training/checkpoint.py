@@ -198,14 +198,14 @@ def plot(steps: list[dict[str, Any]], path: Path) -> bool:
     loss_axes.plot(x, [entry["loss"] for entry in steps], linewidth=0.8)
     loss_axes.set(xlabel="step", ylabel="loss", title="training loss")
     held = [entry for entry in steps if entry.get("heldout")]
+    # The held-out answers, which choose the heads, where every evaluation scored some.
+    answers = bool(held) and all("answers" in entry.get("heldout_parts", {}) for entry in held)
     for i in range(len(steps[0]["accuracy"])):
         label = f"head {i}" if len(steps[0]["accuracy"]) > 1 else "top-1"
         accuracy_axes.plot(
             x, [entry["accuracy"][i] for entry in steps], f"C{i}", linewidth=0.8, label=label
         )
-        if held:  # the same heads on sequences they never trained on: the answers, which
-            # choose the heads, where there are some
-            answers = all("answers" in entry.get("heldout_parts", {}) for entry in held)
+        if held:  # the same heads on sequences they never trained on
             accuracy_axes.plot(
                 [entry["step"] for entry in held],
                 [

@@ -114,16 +114,34 @@ ANSWERED = "answered-prompts.jsonl"  # in a data folder: the prompts its answers
 def write_answered(folder: Path, prompts: list[str]) -> None:
     """Keep the prompts a data folder's answers answer, in order, beside its features: where
     each answer starts is told from them later (`prompt_positions`, eval-heads)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / ANSWERED, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    _write_prompts(folder / ANSWERED, prompts)
 
 
 def read_answered(folder: Path) -> list[str] | None:
     """The prompts `write_answered` kept in `folder`, if it did."""
     path = folder / ANSWERED
-    if not path.is_file():
-        return None
+    return read_prompts(path) if path.is_file() else None
+
+
+def kept_prompts(path: Path, make: Callable[[], list[str]]) -> list[str]:
+    """The prompts kept in `path` where it exists, else those `make` makes, kept there
+    (written whole or not at all): a resumed run answers the same prompts without making
+    them again."""
+    if path.is_file():
+        return read_prompts(path)
+    prompts = make()
+    _write_prompts(path, prompts)
+    return prompts
+
+
+def read_prompts(path: Path) -> list[str]:
+    """The prompts of a JSONL file of {"prompt": ...} lines."""
     return [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
+
+
+def _write_prompts(path: Path, prompts: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
 
 
 def generate_corpus(

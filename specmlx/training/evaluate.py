@@ -10,7 +10,6 @@ their own draft vocabulary.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from specmlx.heads.store import load_heads
 from specmlx.training.data import (
     prompt_positions,
     read_answered,
+    read_prompts,
     sequence_groups,
     split_parts,
     train_prompts,
@@ -80,8 +80,7 @@ def _answer_positions(models: Models, source: dict, n: int, data_dir: Path) -> l
     shipped = train_prompts()
     answered = read_answered(data_dir)
     candidates = [shipped] + [
-        shipped + [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
-        for path in sorted(data_dir.glob("magpie-*.jsonl"))
+        shipped + read_prompts(path) for path in sorted(data_dir.glob("magpie-*.jsonl"))
     ]
     for prompts in reversed(candidates + ([answered] if answered else [])):
         skip = prompt_positions(models, source, n, prompts)

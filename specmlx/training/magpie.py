@@ -9,7 +9,6 @@ file of the data folder, so a resumed run reads the same prompts rather than dra
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,8 @@ import mlx.core as mx
 
 from specmlx.api.models import Models
 from specmlx.errors import UsageError
-from specmlx.io.files import write_atomic
 from specmlx.progress import progress_bar
+from specmlx.training.data import kept_prompts
 
 _MARK = "\x00specmlx-user-turn\x00"
 
@@ -82,9 +81,4 @@ def cached_magpie_prompts(
     """`magpie_prompts`, kept in `folder` (written whole or not at all) and read back from
     there on the next run."""
     path = folder / f"magpie-{count}-seed{seed}.jsonl"
-    if path.is_file():
-        return [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
-    prompts = magpie_prompts(models, count, seed=seed, **options)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    return prompts
+    return kept_prompts(path, lambda: magpie_prompts(models, count, seed=seed, **options))

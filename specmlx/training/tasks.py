@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from specmlx.errors import UsageError
-from specmlx.io.files import write_atomic
-from specmlx.training.data import matching_files
+from specmlx.training.data import kept_prompts, matching_files
 
 FENCE = "```"
 # Each task: a template over a piece of code ({code}), or over a function's signature and
@@ -82,12 +81,7 @@ def cached_task_prompts(
     paths, exclude = [str(p) for p in paths], list(exclude)
     key = json.dumps([paths, exclude, count, seed]).encode()
     path = Path(folder) / f"tasks-{count}-seed{seed}-{hashlib.sha256(key).hexdigest()[:8]}.jsonl"
-    if path.is_file():
-        return [json.loads(line)["prompt"] for line in path.read_text("utf-8").splitlines()]
-    prompts = task_prompts(paths, count, seed, exclude)
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    write_atomic(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    return prompts
+    return kept_prompts(path, lambda: task_prompts(paths, count, seed, exclude))
 
 
 def code_pieces(path: Path) -> list[tuple[str, str, str | None]]:
