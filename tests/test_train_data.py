@@ -189,6 +189,56 @@ def test_a_cache_grows_with_its_data_and_makes_only_what_is_new(models, corpus, 
     assert open_shards(grown, whole=True).index == after.index
 
 
+def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
+    """Prompts appended to a cached run's (more Magpie or task prompts, another session):
+    the answers cached are kept and never made again, the shard where the new data departs
+    is cut short, and the result is the cache a fresh run of the new data makes."""
+    for i in range(4):
+        (tmp_path / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 6)
+
+    def data(prompts: list[str]) -> Corpus:
+        answers = generate_corpus(models, prompts, max_tokens=24, seed=0, batch_size=2)
+        return answers + file_corpus([tmp_path], models.tokenizer, max_tokens=200, seed=0)
+
+    small, large = data(PROMPTS[:3]), data(PROMPTS)
+    grown, fresh = tmp_path / "grown", tmp_path / "fresh"
+    spec = FeatureSpec((0, 1))
+    SHARD = 100  # tokens: answers 0-1 fill a shard, answer 2 and the file the next
+    cache_features(models, small, spec, grown, shard_tokens=SHARD, progress=False)
+    assert any(s["sequences"] > 1 for s in open_shards(grown, whole=True).index.shards)
+    made: list[int] = []
+
+    def make(i: int) -> list[int]:
+        made.append(i)
+        return large[i]
+
+    def featured(i: int, spec: FeatureSpec):
+        made.append(i)
+        return large.with_features(i, spec)
+
+    counted = Corpus(large.source, len(large), make, featured)
+    counted.leaves = large.leaves
+    cache_features(models, counted, spec, grown, shard_tokens=SHARD, progress=False)
+    assert min(made) == 3  # the three answers cached stay; the fourth prompt's is made
+    after = open_shards(grown, whole=True)
+    assert any("of" in s["file"] for s in after.index.shards)  # a shard cut short
+    assert sorted(p.name for p in grown.glob("shard-*")) == sorted(
+        s["file"] for s in after.index.shards
+    )
+    cache_features(models, large, spec, fresh, shard_tokens=SHARD, progress=False)
+    again = open_shards(fresh, whole=True)
+    assert np.array_equal(after.tokens, again.tokens)
+    assert np.array_equal(after.starts, again.starts)
+    assert np.array_equal(after.nexts, again.nexts)
+    assert mx.allclose(after.features, again.features, atol=1e-3)
+    assert after.index.counts == again.index.counts and after.index.complete
+    assert after.manifest["source"] == large.source
+    # Fewer prompts than the cache answered: other data (the cache keeps no prefix's hash).
+    with pytest.raises(SpecmlxError, match="source"):
+        cache_features(models, small, spec, grown, shard_tokens=SHARD, progress=False)
+    assert open_shards(grown, whole=True).index == after.index
+
+
 def test_magpie_prompts_come_from_the_user_prefix_and_are_kept(models, tmp_path, monkeypatch):
     """Each draw starts at the template's user prefix; prompts that did not end their turn
     (cut at max_tokens) or say nothing are dropped, repeats kept once; the set is written
@@ -271,7 +321,7 @@ def test_heads_stored_in_bfloat16_load_back_in_their_own_dtype(models, tmp_path)
 
 def test_task_prompts_ask_for_work_on_the_files_functions(tmp_path, monkeypatch):
     """Tasks on the functions, classes and methods of Python files: distinct, the same for
-    the same seed, methods as if at top level; implement-tasks only on functions with a
+    the same seed (fewer of them the first of more), methods as if at top level; implement-tasks only on functions with a
     docstring; files with no code in them are a one-line error; kept in the data folder."""
     import ast
 
@@ -294,7 +344,8 @@ def test_task_prompts_ask_for_work_on_the_files_functions(tmp_path, monkeypatch)
     assert len(prompts) == len(set(prompts)) <= 20 and len(prompts) >= 6
     assert prompts == tasks.task_prompts([tmp_path], 20, seed=0)
     assert prompts != tasks.task_prompts([tmp_path], 20, seed=1)  # another order
-    assert len(tasks.task_prompts([tmp_path], 3, seed=0)) == 3
+    # Fewer prompts are the first of more: a cache of their answers grows in place.
+    assert tasks.task_prompts([tmp_path], 3, seed=0) == prompts[:3]
     for prompt in prompts:
         code = prompt.split("```python\n")[1].split("\n```")[0]
         ast.parse(code)  # a method cut out of its class reads as top-level code

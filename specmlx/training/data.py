@@ -26,7 +26,7 @@ from fnmatch import fnmatch
 from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -51,6 +51,14 @@ SHARD_TOKENS = 1 << 16
 Featured = tuple[list[int], mx.array, mx.array, mx.array | None]  # as ShardWriter.add takes
 
 
+class Leaf(NamedTuple):
+    """One part of a corpus (`Corpus.leaves`)."""
+
+    source: dict[str, Any]
+    count: int
+    first: Callable[[int], dict[str, Any]] | None = None
+
+
 class Corpus(SequenceABC):
     """Token sequences made on demand (`make(i)`), and a record of where they come from.
 
@@ -65,12 +73,16 @@ class Corpus(SequenceABC):
         count: int,
         make: Callable[[int], list[int]],
         featured: Callable[[int, FeatureSpec], Featured] | None = None,
+        first: Callable[[int], dict[str, Any]] | None = None,
     ):
         self.source = source
         self._count = count
         self._make = make
         self._featured = featured
-        self.leaves = [(source, count)]  # the parts it joins, each with its count
+        # The parts it joins: each one's source, its count, and where it is made of answers
+        # to prompts, the source it would record with only its first n prompts (`first`):
+        # a cache of fewer prompts' answers is the beginning of it.
+        self.leaves = [Leaf(source, count, first)]
 
     def with_features(self, i: int, spec: FeatureSpec) -> Featured | None:
         """Sequence i and the target's features over it, where the corpus makes them
@@ -213,19 +225,24 @@ def generate_corpus(
         assert row.features is not None and row.nexts is not None
         return prompt_ids + row.answer, row.features, row.nexts, row.finals
 
-    source = {
-        "kind": "generated",
-        "prompts": len(prompts),
-        "prompts_sha256": prompt_set_sha256(prompts),
-        "max_tokens": max_tokens,
-        "seed": seed,
-        "sampling": vars(sampling),
-        "chat_template": chat_template,
-        "batch_size": batch_size,
-    }
-    if samples > 1:
-        source |= {"samples": samples, "sampled": vars(sampled)}
-    return Corpus(source, n * samples, make, featured if batch_size > 1 else None)
+    def first(count: int) -> dict[str, Any]:
+        """The source of the answers to the first `count` prompts alone."""
+        source = {
+            "kind": "generated",
+            "prompts": count,
+            "prompts_sha256": prompt_set_sha256(prompts[:count]),
+            "max_tokens": max_tokens,
+            "seed": seed,
+            "sampling": vars(sampling),
+            "chat_template": chat_template,
+            "batch_size": batch_size,
+        }
+        if samples > 1:
+            source |= {"samples": samples, "sampled": vars(sampled)}
+        return source
+
+    featuring = featured if batch_size > 1 else None
+    return Corpus(first(n), n * samples, make, featuring, first=first)
 
 
 def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
@@ -488,18 +505,26 @@ def cache_features(
 def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int, list[int]], bool]:
     """Whether cached sequence i (its tokens) is sequence i of `corpus` too: a generated
     one where both data begin with the same generated parts (the same answers, as a resumed
-    run trusts them to be: they are never made again to compare), any other by its tokens
-    (pieces of files cost a tokenisation)."""
+    run trusts them to be: they are never made again to compare), or where the cached part
+    answered the first prompts of the new one (more prompts appended: its greedy answers
+    come first), any other by its tokens (pieces of files cost a tokenisation)."""
     trusted = 0  # the sequences of the generated parts both data begin with
-    for saved, (new, count) in zip(source_parts(saved_source), corpus.leaves, strict=False):
-        if saved != new or new.get("kind") != "generated":
+    for saved, leaf in zip(source_parts(saved_source), corpus.leaves, strict=False):
+        if leaf.source.get("kind") != "generated":
             break
-        trusted += count
+        if saved == leaf.source:
+            trusted += leaf.count
+            continue
+        prompts = saved.get("prompts")
+        if leaf.first is not None and isinstance(prompts, int) and 0 < prompts:
+            if prompts < leaf.source["prompts"] and leaf.first(prompts) == saved:
+                trusted += prompts  # answer k > 0 to prompt i moves with the prompt count
+        break
     made_by: list[tuple[int, int, str | None]] = []  # (first, end, kind) of each part
     offset = 0
-    for source, count in corpus.leaves:
-        made_by.append((offset, offset + count, source.get("kind")))
-        offset += count
+    for leaf in corpus.leaves:
+        made_by.append((offset, offset + leaf.count, leaf.source.get("kind")))
+        offset += leaf.count
 
     def same(i: int, tokens: list[int]) -> bool:
         if i < trusted:

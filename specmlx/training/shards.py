@@ -8,8 +8,8 @@ are layers' outputs, `final` float16 (n, hidden) the final hidden state too) and
 (the shards, token counts per id, whether every sequence is in). Each shard and each index
 is written under a temporary name and renamed into place, so an interruption leaves the
 folder as it was after the last whole shard, and the next run continues from there. Data
-that grew (more file tokens, another part after the others) keeps the shards whose
-sequences still begin it (`keep_grown`): only the rest is made again.
+that grew (more file tokens, more prompts answered, another part after the others) keeps the
+sequences that still begin it (`keep_grown`): only the rest is made again.
 """
 
 from __future__ import annotations
@@ -160,14 +160,17 @@ def keep_grown(
     unchanged: Callable[[dict[str, Any]], Callable[[int, list[int]], bool]],
 ) -> tuple[int, int] | None:
     """Where `folder` holds features of other data for the same target and features (only
-    the manifest's `source` and `sequences` differ), keep its leading shards whose every
-    sequence i is still sequence i of the new data (`unchanged(saved source)(i, tokens)`),
-    drop the others and take the new manifest. Returns (sequences kept, sequences held), or
-    None where nothing changed; a folder whose first shard does not begin the new data is
-    left for the manifest check to refuse (it is other data, not more of it).
+    the manifest's `source` and `sequences` differ), keep its leading sequences that are
+    still sequence i of the new data (`unchanged(saved source)(i, tokens)`): the shards
+    they fill whole, and the first of them in the shard where the new data departs (that
+    shard cut short, under a new name), drop the others and take the new manifest. Returns
+    (sequences kept, sequences held), or None where nothing changed; a folder whose first
+    sequence does not begin the new data is left for the manifest check to refuse (it is
+    other data, not more of it).
 
-    The index is rewritten before the manifest and the dropped shards go last, so an
-    interruption anywhere leaves a folder the next run reads (and trims) alike."""
+    The cut shard is written first, then the index, then the manifest, and the dropped
+    shards go last, so an interruption anywhere leaves a folder the next run reads (and
+    trims) alike, whichever data it is run with."""
     path = folder / MANIFEST
     if not path.exists():
         return None
@@ -187,12 +190,17 @@ def keep_grown(
         tokens = np.array(arrays["tokens"]).tolist()
         ends = np.cumsum(np.array(arrays["lengths"])).tolist()
         pieces = [tokens[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-        if n + len(pieces) > int(manifest["sequences"]):
+        pieces = pieces[: max(int(manifest["sequences"]) - n, 0)]
+        count = next((j for j, piece in enumerate(pieces) if not same(n + j, piece)), len(pieces))
+        if count == 0:
             break
-        if not all(same(n + j, piece) for j, piece in enumerate(pieces)):
-            break
+        if count < len(ends):  # the new data departs inside this shard: keep its beginning
+            shard = _cut(folder, shard["file"], arrays, count)
+            tokens = tokens[: ends[count - 1]]
         kept.append((shard, tokens))
-        n += len(pieces)
+        n += count
+        if count < len(ends):
+            break
     if not kept:
         return None
     grown = FeatureIndex(shards=[shard for shard, _ in kept], n_sequences=n)
@@ -201,9 +209,24 @@ def keep_grown(
     grown.counts = _count_tokens([t for _, tokens in kept for t in tokens], {})
     write_json(folder / INDEX, asdict(grown))
     write_json(path, manifest)
-    for shard in index.shards[len(kept) :]:
-        (folder / shard["file"]).unlink(missing_ok=True)
+    held = {shard["file"] for shard, _ in kept}
+    for shard in index.shards:
+        if shard["file"] not in held:
+            (folder / shard["file"]).unlink(missing_ok=True)
     return n, index.n_sequences
+
+
+def _cut(folder: Path, name: str, arrays: dict[str, mx.array], count: int) -> dict[str, Any]:
+    """Shard `name`'s first `count` sequences, written as a shard of their own (a name no
+    writer gives, never the shard it is cut from); its index entry."""
+    lengths = np.array(arrays["lengths"])
+    n_tokens = int(lengths[:count].sum())
+    cut = {k: v[:count] if k == "lengths" else v[:n_tokens] for k, v in arrays.items()}
+    new = f"{name.removesuffix('.safetensors')}-{count}of{len(lengths)}.safetensors"
+    tmp = folder / f".{new}.tmp.safetensors"  # mlx keeps the suffix it needs
+    mx.save_safetensors(str(tmp), cut, metadata={"format": "specmlx-features"})
+    os.replace(tmp, folder / new)
+    return {"file": new, "sequences": count, "tokens": n_tokens}
 
 
 @dataclass(frozen=True)
