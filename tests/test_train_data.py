@@ -23,6 +23,7 @@ from specmlx.training.data import (
     cached_spec,
     file_corpus,
     generate_corpus,
+    read_answered,
 )
 from specmlx.training.losses import segment_mask
 from specmlx.training.objectives import Windows, eagle_batch, t2d_table
@@ -183,16 +184,17 @@ def test_a_cache_grows_with_its_data_and_makes_only_what_is_new(models, corpus, 
     assert after.manifest["source"] == large.source
     assert sorted(p.name for p in grown.glob("shard-*")) == [s["file"] for s in after.index.shards]
     # Other answers first: nothing of the cache begins that data.
-    other = generate_corpus(models, PROMPTS[:2], max_tokens=24, seed=0)
+    other = generate_corpus(models, PROMPTS[1:3], max_tokens=24, seed=0)
     with pytest.raises(SpecmlxError, match="source"):
         cache_features(models, data(900, other), spec, grown, progress=False)
     assert open_shards(grown, whole=True).index == after.index
 
 
 def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
-    """Prompts appended to a cached run's (more Magpie or task prompts, another session):
-    the answers cached are kept and never made again, the shard where the new data departs
-    is cut short, and the result is the cache a fresh run of the new data makes."""
+    """Prompts appended to a cached run's (more task prompts, another session): the answers
+    cached are kept and never made again, the shard where the new data departs is cut
+    short, and the result is the cache a fresh run of the new data makes. Fewer prompts
+    again: the answers they share stay. Other prompts first: refused."""
     for i in range(4):
         (tmp_path / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 6)
 
@@ -205,7 +207,8 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     spec = FeatureSpec((0, 1))
     SHARD = 100  # tokens: answers 0-1 fill a shard, answer 2 and the file the next
     cache_features(models, small, spec, grown, shard_tokens=SHARD, progress=False)
-    assert any(s["sequences"] > 1 for s in open_shards(grown, whole=True).index.shards)
+    first = open_shards(grown, whole=True)
+    assert any(s["sequences"] > 1 for s in first.index.shards)  # several sequences a shard
     made: list[int] = []
 
     def make(i: int) -> list[int]:
@@ -233,10 +236,21 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     assert mx.allclose(after.features, again.features, atol=1e-3)
     assert after.index.counts == again.index.counts and after.index.complete
     assert after.manifest["source"] == large.source
-    # Fewer prompts than the cache answered: other data (the cache keeps no prefix's hash).
+    # Back to the first prompts: their answers begin the cache (its prompts are kept beside
+    # it), the fourth answer and what follows it go, and nothing of the first data is made.
+    made.clear()
+    counted = Corpus(small.source, len(small), make, featured)
+    counted.leaves = small.leaves
+    large = small  # what `make` and `featured` now serve
+    cache_features(models, counted, spec, grown, shard_tokens=SHARD, progress=False)
+    assert min(made) == 3  # the piece of file after the answers is compared, then made
+    back = open_shards(grown, whole=True)
+    assert np.array_equal(back.tokens, first.tokens) and np.array_equal(back.nexts, first.nexts)
+    assert back.manifest["source"] == small.source and back.index.complete
+    assert read_answered(grown) == PROMPTS[:3]
+    # Other prompts first: nothing of the cache begins that data.
     with pytest.raises(SpecmlxError, match="source"):
-        cache_features(models, small, spec, grown, shard_tokens=SHARD, progress=False)
-    assert open_shards(grown, whole=True).index == after.index
+        cache_features(models, data(PROMPTS[1:]), spec, grown, progress=False)
 
 
 def test_magpie_prompts_come_from_the_user_prefix_and_are_kept(models, tmp_path, monkeypatch):

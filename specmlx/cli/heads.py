@@ -213,7 +213,6 @@ def train_heads(
         cached_spec,
         file_corpus,
         generate_corpus,
-        write_answered,
     )
     from specmlx.training.train import settings_record
     from specmlx.training.train import train_heads as run_training
@@ -266,7 +265,6 @@ def train_heads(
                 texts = texts + cached_task_prompts(
                     data_dir, files or [], tasks, seed, exclude or ()
                 )
-        write_answered(data_dir, texts)  # for eval-heads to tell prompts from answers
         corpus = generate_corpus(
             models,
             texts,

@@ -52,11 +52,12 @@ Featured = tuple[list[int], mx.array, mx.array, mx.array | None]  # as ShardWrit
 
 
 class Leaf(NamedTuple):
-    """One part of a corpus (`Corpus.leaves`)."""
+    """One part of a corpus (`Corpus.leaves`): its source, its count of sequences, and the
+    prompts it answers, where it is the target's answers."""
 
     source: dict[str, Any]
     count: int
-    first: Callable[[int], dict[str, Any]] | None = None
+    prompts: list[str] | None = None
 
 
 class Corpus(SequenceABC):
@@ -73,16 +74,13 @@ class Corpus(SequenceABC):
         count: int,
         make: Callable[[int], list[int]],
         featured: Callable[[int, FeatureSpec], Featured] | None = None,
-        first: Callable[[int], dict[str, Any]] | None = None,
+        prompts: list[str] | None = None,
     ):
         self.source = source
         self._count = count
         self._make = make
         self._featured = featured
-        # The parts it joins: each one's source, its count, and where it is made of answers
-        # to prompts, the source it would record with only its first n prompts (`first`):
-        # a cache of fewer prompts' answers is the beginning of it.
-        self.leaves = [Leaf(source, count, first)]
+        self.leaves = [Leaf(source, count, prompts)]  # the parts it joins
 
     def with_features(self, i: int, spec: FeatureSpec) -> Featured | None:
         """Sequence i and the target's features over it, where the corpus makes them
@@ -225,24 +223,20 @@ def generate_corpus(
         assert row.features is not None and row.nexts is not None
         return prompt_ids + row.answer, row.features, row.nexts, row.finals
 
-    def first(count: int) -> dict[str, Any]:
-        """The source of the answers to the first `count` prompts alone."""
-        source = {
-            "kind": "generated",
-            "prompts": count,
-            "prompts_sha256": prompt_set_sha256(prompts[:count]),
-            "max_tokens": max_tokens,
-            "seed": seed,
-            "sampling": vars(sampling),
-            "chat_template": chat_template,
-            "batch_size": batch_size,
-        }
-        if samples > 1:
-            source |= {"samples": samples, "sampled": vars(sampled)}
-        return source
-
+    source = {
+        "kind": "generated",
+        "prompts": len(prompts),
+        "prompts_sha256": prompt_set_sha256(prompts),
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "sampling": vars(sampling),
+        "chat_template": chat_template,
+        "batch_size": batch_size,
+    }
+    if samples > 1:
+        source |= {"samples": samples, "sampled": vars(sampled)}
     featuring = featured if batch_size > 1 else None
-    return Corpus(first(n), n * samples, make, featuring, first=first)
+    return Corpus(source, n * samples, make, featuring, prompts=prompts)
 
 
 def sequence_groups(source: dict[str, Any], n: int) -> list[int]:
@@ -465,7 +459,10 @@ def cache_features(
 
     Shards already there are kept: a run cut short (Ctrl-C) resumes at the first sequence
     no shard holds. A manifest records the target's fingerprint, the features and the data;
-    resuming with a different one is an error, never a mix. Layers' features come with the
+    resuming with a different one is an error, never a mix, but data that grew or shrank
+    keeps what still begins it (`keep_grown`). The prompts the cache answers are kept beside
+    it (`write_answered`): eval-heads tells prompts from answers by them, and the next run
+    tells which cached answers its own prompts share. Layers' features come with the
     final hidden state beside them (`open_shards(..., layers=())` reads that)."""
     from specmlx.heads.base import fingerprint
 
@@ -483,11 +480,15 @@ def cache_features(
     }
     if spec.layers:
         manifest["final"] = True
-    grown = keep_grown(Path(out_dir), manifest, partial(_unchanged, corpus=corpus))
+    unchanged = partial(_unchanged, corpus=corpus, folder=Path(out_dir))
+    grown = keep_grown(Path(out_dir), manifest, unchanged)
     if grown is not None and grown[1]:
         kept, held = grown
         note(progress, f"{out_dir}: other data; {kept:,} of its {held:,} sequences begin it, kept")
     writer = ShardWriter(Path(out_dir), manifest, models, shard_tokens)
+    answered = [p for leaf in corpus.leaves for p in leaf.prompts or []]
+    if answered:  # what the cache now answers: the next run's data is told against it
+        write_answered(Path(out_dir), answered)
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
         try:
             for i in range(writer.index.n_sequences, len(corpus)):
@@ -502,12 +503,14 @@ def cache_features(
     return open_shards(Path(out_dir)).index
 
 
-def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int, list[int]], bool]:
+def _unchanged(
+    saved_source: dict[str, Any], *, corpus: Corpus, folder: Path
+) -> Callable[[int, list[int]], bool]:
     """Whether cached sequence i (its tokens) is sequence i of `corpus` too: a generated
     one where both data begin with the same generated parts (the same answers, as a resumed
     run trusts them to be: they are never made again to compare), or where the cached part
-    answered the first prompts of the new one (more prompts appended: its greedy answers
-    come first), any other by its tokens (pieces of files cost a tokenisation)."""
+    and the new one begin with the same prompts (`_answers_kept`), any other by its tokens
+    (pieces of files cost a tokenisation)."""
     trusted = 0  # the sequences of the generated parts both data begin with
     for saved, leaf in zip(source_parts(saved_source), corpus.leaves, strict=False):
         if leaf.source.get("kind") != "generated":
@@ -515,10 +518,7 @@ def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int
         if saved == leaf.source:
             trusted += leaf.count
             continue
-        prompts = saved.get("prompts")
-        if leaf.first is not None and isinstance(prompts, int) and 0 < prompts:
-            if prompts < leaf.source["prompts"] and leaf.first(prompts) == saved:
-                trusted += prompts  # answer k > 0 to prompt i moves with the prompt count
+        trusted += _answers_kept(saved, leaf, read_answered(folder))
         break
     made_by: list[tuple[int, int, str | None]] = []  # (first, end, kind) of each part
     offset = 0
@@ -533,6 +533,30 @@ def _unchanged(saved_source: dict[str, Any], *, corpus: Corpus) -> Callable[[int
         return kind == "files" and corpus[i] == tokens
 
     return same
+
+
+def _answers_kept(saved: dict[str, Any], leaf: Leaf, answered: list[str] | None) -> int:
+    """How many cached answers of the generated part `saved` are answers of `leaf` too: the
+    greedy answers to the prompts both begin with (more prompts appended, fewer, or others
+    after the same ones), made with the same settings. The cached part's prompts are known
+    where a list hashes to what it recorded: the data folder's `answered` prompts, or the
+    first of `leaf`'s."""
+
+    def settings(source: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in source.items() if k not in ("prompts", "prompts_sha256")}
+
+    if leaf.prompts is None or settings(saved) != settings(leaf.source):
+        return 0
+    count = int(saved.get("prompts", 0))
+    for known in (answered, leaf.prompts):
+        if known is None or len(known) < count:
+            continue
+        if prompt_set_sha256(known[:count]) == saved.get("prompts_sha256"):
+            pairs = zip(known[:count], leaf.prompts, strict=False)
+            return next(
+                (i for i, (a, b) in enumerate(pairs) if a != b), min(count, len(leaf.prompts))
+            )
+    return 0
 
 
 def cached_spec(folder: Path, wanted: FeatureSpec) -> FeatureSpec:
