@@ -107,9 +107,7 @@ class ShardWriter:
         }
         if self._pending[0][3] is not None:
             arrays["final"] = mx.concatenate([p[3] for p in self._pending])
-        tmp = self.folder / f".{name}.tmp.safetensors"  # mlx keeps the suffix it needs
-        mx.save_safetensors(str(tmp), arrays, metadata={"format": "specmlx-features"})
-        os.replace(tmp, self.folder / name)
+        _save_shard(self.folder, name, arrays)
         # The index is made whole aside and then swapped in: a Ctrl-C in between leaves the
         # old one, and flushing the same pending sequences again rewrites the same shard.
         counts = _count_tokens(tokens, dict(self.index.counts))
@@ -194,12 +192,13 @@ def keep_grown(
         count = next((j for j, piece in enumerate(pieces) if not same(n + j, piece)), len(pieces))
         if count == 0:
             break
-        if count < len(ends):  # the new data departs inside this shard: keep its beginning
+        whole = count == len(ends)
+        if not whole:  # the new data departs inside this shard: keep its beginning
             shard = _cut(folder, shard["file"], arrays, count)
             tokens = tokens[: ends[count - 1]]
         kept.append((shard, tokens))
         n += count
-        if count < len(ends):
+        if not whole:
             break
     if not kept:
         return None
@@ -223,10 +222,15 @@ def _cut(folder: Path, name: str, arrays: dict[str, mx.array], count: int) -> di
     n_tokens = int(lengths[:count].sum())
     cut = {k: v[:count] if k == "lengths" else v[:n_tokens] for k, v in arrays.items()}
     new = f"{name.removesuffix('.safetensors')}-{count}of{len(lengths)}.safetensors"
-    tmp = folder / f".{new}.tmp.safetensors"  # mlx keeps the suffix it needs
-    mx.save_safetensors(str(tmp), cut, metadata={"format": "specmlx-features"})
-    os.replace(tmp, folder / new)
+    _save_shard(folder, new, cut)
     return {"file": new, "sequences": count, "tokens": n_tokens}
+
+
+def _save_shard(folder: Path, name: str, arrays: dict[str, mx.array]) -> None:
+    """`arrays` as shard `name` of `folder`, whole or not at all."""
+    tmp = folder / f".{name}.tmp.safetensors"  # mlx keeps the suffix it needs
+    mx.save_safetensors(str(tmp), arrays, metadata={"format": "specmlx-features"})
+    os.replace(tmp, folder / name)
 
 
 @dataclass(frozen=True)
