@@ -4,6 +4,7 @@ prompts, an EAGLE layer copied from the target. Tiny random models, offline."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -251,6 +252,114 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     # Other prompts first: nothing of the cache begins that data.
     with pytest.raises(SpecmlxError, match="source"):
         cache_features(models, data(PROMPTS[1:]), spec, grown, progress=False)
+
+
+def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkeypatch):
+    """A cache of final states asked for layers' features (Medusa's data, then EAGLE-3):
+    its sequences are read again through the target, no answer is made again, and the
+    result is the cache a fresh run makes. A Ctrl-C while reading leaves the old cache
+    whole and the rerun goes on where it stopped; a swap cut short is finished by the next
+    reader of the folder."""
+    from specmlx.training import data as data_module
+    from specmlx.training import shards
+
+    (tmp_path / "m.py").write_text("def f(x):\n    return x * 2\n" * 12)
+    corpus = generate_corpus(models, PROMPTS, max_tokens=24, seed=0, batch_size=2)
+    corpus = corpus + file_corpus([tmp_path], models.tokenizer, max_tokens=200, seed=0)
+    folder, fresh = tmp_path / "data", tmp_path / "fresh"
+    SHARD = 60  # tokens: several shards
+    cache_features(models, corpus, FeatureSpec(), folder, shard_tokens=SHARD, progress=False)
+    before = open_shards(folder, whole=True)
+    made: list[int] = []
+
+    def make(i: int) -> list[int]:
+        made.append(i)
+        return corpus[i]
+
+    def featured(i: int, spec: FeatureSpec):
+        made.append(i)
+        return corpus.with_features(i, spec)
+
+    counted = Corpus(corpus.source, len(corpus), make, featured)
+    counted.leaves = corpus.leaves
+    spec = FeatureSpec((0, 1))
+    read, real = [], data_module.target_features
+
+    def interrupted(model, tokens, spec, chunk):
+        read.append(tokens)
+        if len(read) == 3:
+            raise KeyboardInterrupt
+        return real(model, tokens, spec, chunk)
+
+    monkeypatch.setattr(data_module, "target_features", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cache_features(models, counted, spec, folder, shard_tokens=SHARD, progress=False)
+    kept = open_shards(folder, whole=True)  # the old cache, whole
+    assert kept.manifest == before.manifest and np.array_equal(kept.tokens, before.tokens)
+    assert mx.array_equal(kept.features, before.features)
+    assert (folder / shards.AGAIN).is_dir()
+    read.clear()
+    monkeypatch.setattr(data_module, "target_features", lambda *a: read.append(a[1]) or real(*a))
+    cache_features(models, counted, spec, folder, shard_tokens=SHARD, progress=False)
+    assert made == []  # no answer (nor piece of file) made again: only read
+    assert len(read) == len(corpus) - 2  # went on after the two read before the Ctrl-C
+    assert not (folder / shards.AGAIN).exists()
+    after = open_shards(folder, whole=True)
+    cache_features(models, corpus, spec, fresh, shard_tokens=SHARD, progress=False)
+    again = open_shards(fresh, whole=True)
+    assert after.manifest == again.manifest
+    assert np.array_equal(after.tokens, again.tokens) and np.array_equal(after.nexts, again.nexts)
+    assert np.array_equal(after.starts, again.starts)
+    assert after.index.counts == again.index.counts
+    assert mx.allclose(after.features, again.features, atol=1e-2, rtol=1e-2)
+    finals = open_shards(folder, layers=()).features  # the final states stay beside them
+    assert mx.allclose(finals, before.features, atol=1e-2, rtol=1e-2)
+    assert sorted(p.name for p in folder.glob("shard-*")) == sorted(
+        s["file"] for s in after.index.shards
+    )
+    # Back to the final state alone, the swap cut short as its index is moved in: the next
+    # reader of the folder finishes it.
+    real_replace = shards.os.replace
+
+    def cut(src, dst):
+        if Path(dst) == folder / shards.INDEX and Path(src).parent.name == shards.AGAIN:
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(shards.os, "replace", cut)  # os's own: every writer's
+    with pytest.raises(KeyboardInterrupt):
+        cache_features(models, counted, FeatureSpec((1,)), folder, progress=False)
+    monkeypatch.setattr(shards.os, "replace", real_replace)
+    assert (folder / shards.AGAIN).is_dir()
+    one = open_shards(folder, whole=True)
+    assert one.manifest["feature_layers"] == [1] and not (folder / shards.AGAIN).exists()
+    assert np.array_equal(one.tokens, before.tokens)
+    assert mx.allclose(one.features, after.features[:, -one.features.shape[1] :], atol=1e-2)
+
+
+def test_other_features_read_again_only_what_begins_the_new_data(models, tmp_path, monkeypatch):
+    """Other features and other data at once: what the cache holds of the new data is read
+    again, nothing else; data the cache holds nothing of is refused before any reading."""
+    from specmlx.training import data as data_module
+
+    def answers(prompts: list[str]) -> Corpus:
+        return generate_corpus(models, prompts, max_tokens=24, seed=0, batch_size=2)
+
+    folder, fresh = tmp_path / "data", tmp_path / "fresh"
+    cache_features(models, answers(PROMPTS[:3]), FeatureSpec(), folder, progress=False)
+    read, real = [], data_module.target_features
+    monkeypatch.setattr(data_module, "target_features", lambda *a: read.append(a[1]) or real(*a))
+    spec = FeatureSpec((0, 1))
+    with pytest.raises(SpecmlxError, match="source"):
+        cache_features(models, answers(PROMPTS[1:]), spec, folder, progress=False)
+    assert read == []
+    new = answers([*PROMPTS[:2], "Other prompt"])
+    cache_features(models, new, spec, folder, shard_tokens=60, progress=False)
+    assert len(read) == 2  # the answers both begin with; the third prompt's is answered
+    cache_features(models, new, spec, fresh, shard_tokens=60, progress=False)
+    after, again = open_shards(folder, whole=True), open_shards(fresh, whole=True)
+    assert after.manifest == again.manifest and np.array_equal(after.tokens, again.tokens)
+    assert mx.allclose(after.features, again.features, atol=1e-2, rtol=1e-2)
 
 
 def test_magpie_prompts_come_from_the_user_prefix_and_are_kept(models, tmp_path, monkeypatch):

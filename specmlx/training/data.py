@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
@@ -42,7 +43,17 @@ from specmlx.errors import UsageError
 from specmlx.io.files import write_atomic
 from specmlx.progress import note, progress_bar
 from specmlx.training.answers import Answered, answer_batch
-from specmlx.training.shards import FeatureIndex, ShardWriter, keep_grown, open_shards
+from specmlx.training.shards import (
+    AGAIN,
+    FeatureIndex,
+    ShardWriter,
+    cached_sequences,
+    keep_grown,
+    open_shards,
+    read_index,
+    read_manifest,
+    swap_in,
+)
 
 CHUNK = 512  # tokens per target call when caching features (long sequences go in pieces)
 SHARD_TOKENS = 1 << 16
@@ -463,7 +474,10 @@ def cache_features(
     keeps what still begins it (`keep_grown`). The prompts the cache answers are kept beside
     it (`write_answered`): eval-heads tells prompts from answers by them, and the next run
     tells which cached answers its own prompts share. Layers' features come with the
-    final hidden state beside them (`open_shards(..., layers=())` reads that)."""
+    final hidden state beside them (`open_shards(..., layers=())` reads that). A folder that
+    holds other features of the same target keeps its sequences: they are read again for
+    the features wanted (`_features_again`, only those that begin the new data), and its
+    answers are never made again."""
     from specmlx.heads.base import fingerprint
 
     manifest = {
@@ -480,15 +494,21 @@ def cache_features(
     }
     if spec.layers:
         manifest["final"] = True
-    unchanged = partial(_unchanged, corpus=corpus, folder=Path(out_dir))
-    grown = keep_grown(Path(out_dir), manifest, unchanged)
-    if grown is not None and grown[1]:
-        kept, held = grown
-        note(progress, f"{out_dir}: other data; {kept:,} of its {held:,} sequences begin it, kept")
-    writer = ShardWriter(Path(out_dir), manifest, models, shard_tokens)
+    folder = Path(out_dir)
+    unchanged = partial(_unchanged, corpus=corpus, folder=folder)
+    saved = read_manifest(folder)
+    if saved is not None and _features_differ(saved, manifest):
+        # What the folder holds of the new data first, then only that is read again.
+        held_as = {k: v for k, v in manifest.items() if k not in REDONE}
+        held_as |= {k: saved[k] for k in REDONE if k in saved}
+        _say_kept(keep_grown(folder, held_as, unchanged), folder, progress)
+        if read_manifest(folder) == json.loads(json.dumps(held_as)):
+            _features_again(models, folder, manifest, spec, shard_tokens, progress)
+    _say_kept(keep_grown(folder, manifest, unchanged), folder, progress)
+    writer = ShardWriter(folder, manifest, models, shard_tokens)
     answered = [p for leaf in corpus.leaves for p in leaf.prompts or []]
     if answered:  # what the cache now answers: the next run's data is told against it
-        write_answered(Path(out_dir), answered)
+        write_answered(folder, answered)
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
         try:
             for i in range(writer.index.n_sequences, len(corpus)):
@@ -500,7 +520,56 @@ def cache_features(
                 bar.advance(f"{writer.n_tokens:,} tokens")
         finally:  # on Ctrl-C too: the sequences made so far go to a shard, a rerun goes on
             writer.close()
-    return open_shards(Path(out_dir)).index
+    return open_shards(folder).index
+
+
+REDONE = ("feature_layers", "width", "final", "chunk")  # what a prefill makes again
+
+
+def _features_differ(saved: dict[str, Any], manifest: dict[str, Any]) -> bool:
+    """Whether a folder with manifest `saved` holds what `manifest` wants but its features:
+    the same target and tokens, other layers (or chunking)."""
+    mine = ("source", "sequences", *REDONE)
+    others = {k for k in saved.keys() | manifest.keys() if k not in mine}
+    return any(saved.get(k) != manifest.get(k) for k in REDONE) and all(
+        saved.get(k) == manifest.get(k) for k in others
+    )
+
+
+def _say_kept(grown: tuple[int, int] | None, folder: Path, progress: bool) -> None:
+    if grown is not None and grown[1]:
+        kept, held = grown
+        note(progress, f"{folder}: other data; {kept:,} of its {held:,} sequences begin it, kept")
+
+
+def _features_again(
+    models: Models,
+    folder: Path,
+    manifest: dict[str, Any],
+    spec: FeatureSpec,
+    shard_tokens: int,
+    progress: bool,
+) -> None:
+    """The features `manifest` wants, over the sequences `folder` holds of its data (one
+    prefill each: answers cost a generation, this a fraction of one), made aside in
+    `.features-again` and swapped in once whole. The folder then holds the sequences it
+    held, with new features; a Ctrl-C resumes the making, never a mix."""
+    staged = folder / AGAIN
+    held = read_index(folder).n_sequences
+    again = json.loads(json.dumps(manifest | {"sequences": held}))
+    if read_manifest(staged) not in (None, again):
+        shutil.rmtree(staged)  # made for features no longer wanted
+    writer = ShardWriter(staged, again, models, shard_tokens)
+    chunk, done = int(manifest["chunk"]), writer.index.n_sequences
+    note(progress, f"{folder}: other features; its {held:,} sequences are read again for these")
+    with progress_bar(progress, "features again", held, done) as bar:
+        try:
+            for tokens in cached_sequences(folder, done):
+                writer.add(tokens, *target_features(models.target, tokens, spec, chunk))
+                bar.advance(f"{writer.n_tokens:,} tokens")
+        finally:  # on Ctrl-C too: what was made is kept, a rerun goes on from there
+            writer.close()
+    swap_in(folder)
 
 
 def _unchanged(
@@ -563,11 +632,8 @@ def cached_spec(folder: Path, wanted: FeatureSpec) -> FeatureSpec:
     """The features to cache in `folder` for heads that read `wanted`: the folder's own
     where it holds layers' features with the final hidden state beside them and the final
     one is wanted (one cache trains EAGLE-3 and then Medusa and EAGLE-1), else `wanted`."""
-    path = Path(folder) / "manifest.json"
-    if wanted.layers or not path.is_file():
-        return wanted
-    manifest = json.loads(path.read_text())
-    if manifest.get("final") and manifest.get("feature_layers"):
+    manifest = None if wanted.layers else read_manifest(Path(folder))
+    if manifest is not None and manifest.get("final") and manifest.get("feature_layers"):
         return FeatureSpec(tuple(manifest["feature_layers"]))
     return wanted
 

@@ -9,14 +9,17 @@ are layers' outputs, `final` float16 (n, hidden) the final hidden state too) and
 is written under a temporary name and renamed into place, so an interruption leaves the
 folder as it was after the last whole shard, and the next run continues from there. Data
 that grew (more file tokens, more prompts answered, another part after the others) keeps the
-sequences that still begin it (`keep_grown`): only the rest is made again.
+sequences that still begin it (`keep_grown`): only the rest is made again. Features of other
+layers for the same sequences are made beside them in `.features-again/` (a data folder of
+its own, so a Ctrl-C resumes it) and swapped in once whole (`swap_in`); a swap cut short is
+finished by whoever reads the folder next (`read_manifest`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from specmlx.errors import SpecmlxError
 from specmlx.io.files import write_atomic
 
 MANIFEST, INDEX = "manifest.json", "index.json"
+AGAIN = ".features-again"  # in a data folder: new features of its sequences, being made
 
 
 @dataclass
@@ -52,7 +56,8 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
-def _read_index(folder: Path) -> FeatureIndex:
+def read_index(folder: Path) -> FeatureIndex:
+    """What the data folder's shards hold (an empty index where none is written yet)."""
     path = folder / INDEX
     if not path.exists():
         return FeatureIndex()
@@ -61,6 +66,57 @@ def _read_index(folder: Path) -> FeatureIndex:
     if lost:
         raise SpecmlxError(f"{folder}: shard {lost[0]} is missing; delete the folder to start over")
     return index
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The data folder's manifest (None: it has none), once a swap of new features cut short
+    there is finished (`swap_in`): a folder is never read halfway through one."""
+    staged = folder / AGAIN
+    if (staged / INDEX).exists() and json.loads((staged / INDEX).read_text()).get("complete"):
+        swap_in(folder)
+    path = folder / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def swap_in(folder: Path) -> None:
+    """The whole shards made in `folder/.features-again` take the place of the folder's own.
+
+    Shards go first (each renamed, overwriting the old one of its name), then the manifest,
+    then the folder's shards the new index does not name are dropped, and the new index goes
+    last: until it is gone from `.features-again`, a rerun (`read_manifest`) finishes the
+    same swap, skipping what was moved already."""
+    staged = folder / AGAIN
+    index = json.loads((staged / INDEX).read_text())
+    for shard in index["shards"]:
+        if (staged / shard["file"]).exists():
+            os.replace(staged / shard["file"], folder / shard["file"])
+    if (staged / MANIFEST).exists():
+        os.replace(staged / MANIFEST, folder / MANIFEST)
+    named = {shard["file"] for shard in index["shards"]}
+    for old in folder.glob("shard-*.safetensors"):
+        if old.name not in named:
+            old.unlink()
+    os.replace(staged / INDEX, folder / INDEX)
+    for leftover in staged.iterdir():  # temporary files of a shard cut short
+        leftover.unlink()
+    staged.rmdir()
+
+
+def cached_sequences(folder: Path, start: int = 0) -> Iterator[list[int]]:
+    """The token ids of each sequence the data folder's shards hold, from sequence `start`."""
+    n = 0
+    for shard in read_index(folder).shards:
+        if n + int(shard["sequences"]) > start:
+            pieces = _pieces(mx.load(str(folder / shard["file"])))
+            yield from pieces[max(start - n, 0) :]
+        n += int(shard["sequences"])
+
+
+def _pieces(arrays: dict[str, mx.array]) -> list[list[int]]:
+    """A shard's sequences, each as its token ids."""
+    tokens = np.array(arrays["tokens"]).tolist()
+    ends = np.cumsum(np.array(arrays["lengths"])).tolist()
+    return [tokens[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 class ShardWriter:
@@ -74,7 +130,7 @@ class ShardWriter:
         self.folder = folder
         self.total = int(manifest["sequences"])
         self.shard_tokens = shard_tokens
-        self.index = _read_index(folder)
+        self.index = read_index(folder)
         self._pending: list[tuple[list[int], mx.array, mx.array, mx.array | None]] = []
 
     @property
@@ -130,12 +186,11 @@ def _count_tokens(tokens: list[int], counts: dict[str, int]) -> dict[str, int]:
 
 
 def _check_manifest(folder: Path, manifest: dict[str, Any], models: Any) -> None:
-    path = folder / MANIFEST
-    if not path.exists():
+    saved = read_manifest(folder)
+    if saved is None:
         if any(folder.glob("shard-*.safetensors")):
             raise SpecmlxError(f"{folder} holds shards but no {MANIFEST}; delete it to start over")
         return
-    saved = json.loads(path.read_text())
     if saved.get("fingerprint") != manifest["fingerprint"]:
         from specmlx.heads.base import check_target
 
@@ -169,34 +224,32 @@ def keep_grown(
     The cut shard is written first, then the index, then the manifest, and the dropped
     shards go last, so an interruption anywhere leaves a folder the next run reads (and
     trims) alike, whichever data it is run with."""
-    path = folder / MANIFEST
-    if not path.exists():
+    path, saved = folder / MANIFEST, read_manifest(folder)
+    if saved is None:
         return None
-    saved, manifest = json.loads(path.read_text()), json.loads(json.dumps(manifest))
+    manifest = json.loads(json.dumps(manifest))
     data_keys = ("source", "sequences")
     if saved == manifest or any(
         saved.get(k) != manifest[k] for k in manifest if k not in data_keys
     ):
         return None
-    index = _read_index(folder)
+    index = read_index(folder)
     if not index.shards:  # nothing made yet, nothing to lose
         write_json(path, manifest)
         return 0, 0
     same, kept, n = unchanged(saved["source"]), [], 0
     for shard in index.shards:
         arrays = mx.load(str(folder / shard["file"]))
-        tokens = np.array(arrays["tokens"]).tolist()
-        ends = np.cumsum(np.array(arrays["lengths"])).tolist()
-        pieces = [tokens[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        pieces = _pieces(arrays)
+        held_here = len(pieces)
         pieces = pieces[: max(int(manifest["sequences"]) - n, 0)]
         count = next((j for j, piece in enumerate(pieces) if not same(n + j, piece)), len(pieces))
         if count == 0:
             break
-        whole = count == len(ends)
+        whole = count == held_here
         if not whole:  # the new data departs inside this shard: keep its beginning
             shard = _cut(folder, shard["file"], arrays, count)
-            tokens = tokens[: ends[count - 1]]
-        kept.append((shard, tokens))
+        kept.append((shard, [t for piece in pieces[:count] for t in piece]))
         n += count
         if not whole:
             break
@@ -253,9 +306,9 @@ def open_shards(
     `layers`: the features wanted, refused if the folder lacks them; `()` (the final hidden
     state) also reads a folder of layers' features that keeps the final one beside them.
     None: the folder's own features."""
-    if not (folder / MANIFEST).exists():
+    manifest = read_manifest(folder)
+    if manifest is None:
         raise SpecmlxError(f"{folder} holds no cached features (no {MANIFEST})")
-    manifest = json.loads((folder / MANIFEST).read_text())
     key = "features"
     if layers is not None and tuple(manifest["feature_layers"]) != tuple(layers):
         if layers or not manifest.get("final"):
@@ -266,7 +319,7 @@ def open_shards(
         key = "final"
         hidden = int(manifest["width"]) // len(manifest["feature_layers"])
         manifest = manifest | {"feature_layers": [], "width": hidden}
-    index = _read_index(folder)
+    index = read_index(folder)
     if whole and not index.complete:
         raise SpecmlxError(
             f"{folder} holds {index.n_sequences} of {manifest['sequences']} sequences: "
