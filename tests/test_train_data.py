@@ -191,6 +191,22 @@ def test_a_cache_grows_with_its_data_and_makes_only_what_is_new(models, corpus, 
     assert open_shards(grown, whole=True).index == after.index
 
 
+def counted(corpus: Corpus, made: list[int]) -> Corpus:
+    """`corpus`, noting in `made` each sequence it is asked to make (answer or cut)."""
+
+    def make(i: int) -> list[int]:
+        made.append(i)
+        return corpus[i]
+
+    def featured(i: int, spec: FeatureSpec):
+        made.append(i)
+        return corpus.with_features(i, spec)
+
+    out = Corpus(corpus.source, len(corpus), make, featured)
+    out.leaves = corpus.leaves
+    return out
+
+
 def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     """Prompts appended to a cached run's (more task prompts, another session): the answers
     cached are kept and never made again, the shard where the new data departs is cut
@@ -211,18 +227,7 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     first = open_shards(grown, whole=True)
     assert any(s["sequences"] > 1 for s in first.index.shards)  # several sequences a shard
     made: list[int] = []
-
-    def make(i: int) -> list[int]:
-        made.append(i)
-        return large[i]
-
-    def featured(i: int, spec: FeatureSpec):
-        made.append(i)
-        return large.with_features(i, spec)
-
-    counted = Corpus(large.source, len(large), make, featured)
-    counted.leaves = large.leaves
-    cache_features(models, counted, spec, grown, shard_tokens=SHARD, progress=False)
+    cache_features(models, counted(large, made), spec, grown, shard_tokens=SHARD, progress=False)
     assert min(made) == 3  # the three answers cached stay; the fourth prompt's is made
     after = open_shards(grown, whole=True)
     assert any("of" in s["file"] for s in after.index.shards)  # a shard cut short
@@ -240,10 +245,7 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     # Back to the first prompts: their answers begin the cache (its prompts are kept beside
     # it), the fourth answer and what follows it go, and nothing of the first data is made.
     made.clear()
-    counted = Corpus(small.source, len(small), make, featured)
-    counted.leaves = small.leaves
-    large = small  # what `make` and `featured` now serve
-    cache_features(models, counted, spec, grown, shard_tokens=SHARD, progress=False)
+    cache_features(models, counted(small, made), spec, grown, shard_tokens=SHARD, progress=False)
     assert min(made) == 3  # the piece of file after the answers is compared, then made
     back = open_shards(grown, whole=True)
     assert np.array_equal(back.tokens, first.tokens) and np.array_equal(back.nexts, first.nexts)
@@ -271,17 +273,6 @@ def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkey
     cache_features(models, corpus, FeatureSpec(), folder, shard_tokens=SHARD, progress=False)
     before = open_shards(folder, whole=True)
     made: list[int] = []
-
-    def make(i: int) -> list[int]:
-        made.append(i)
-        return corpus[i]
-
-    def featured(i: int, spec: FeatureSpec):
-        made.append(i)
-        return corpus.with_features(i, spec)
-
-    counted = Corpus(corpus.source, len(corpus), make, featured)
-    counted.leaves = corpus.leaves
     spec = FeatureSpec((0, 1))
     read, real = [], data_module.target_features
 
@@ -293,14 +284,16 @@ def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkey
 
     monkeypatch.setattr(data_module, "target_features", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        cache_features(models, counted, spec, folder, shard_tokens=SHARD, progress=False)
+        cache_features(
+            models, counted(corpus, made), spec, folder, shard_tokens=SHARD, progress=False
+        )
     kept = open_shards(folder, whole=True)  # the old cache, whole
     assert kept.manifest == before.manifest and np.array_equal(kept.tokens, before.tokens)
     assert mx.array_equal(kept.features, before.features)
     assert (folder / shards.AGAIN).is_dir()
     read.clear()
     monkeypatch.setattr(data_module, "target_features", lambda *a: read.append(a[1]) or real(*a))
-    cache_features(models, counted, spec, folder, shard_tokens=SHARD, progress=False)
+    cache_features(models, counted(corpus, made), spec, folder, shard_tokens=SHARD, progress=False)
     assert made == []  # no answer (nor piece of file) made again: only read
     assert len(read) == len(corpus) - 2  # went on after the two read before the Ctrl-C
     assert not (folder / shards.AGAIN).exists()
@@ -328,7 +321,7 @@ def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkey
 
     monkeypatch.setattr(shards.os, "replace", cut)  # os's own: every writer's
     with pytest.raises(KeyboardInterrupt):
-        cache_features(models, counted, FeatureSpec((1,)), folder, progress=False)
+        cache_features(models, counted(corpus, made), FeatureSpec((1,)), folder, progress=False)
     monkeypatch.setattr(shards.os, "replace", real_replace)
     assert (folder / shards.AGAIN).is_dir()
     one = open_shards(folder, whole=True)
