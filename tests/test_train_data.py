@@ -326,6 +326,7 @@ def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkey
     assert (folder / shards.AGAIN).is_dir()
     one = open_shards(folder, whole=True)
     assert one.manifest["feature_layers"] == [1] and not (folder / shards.AGAIN).exists()
+    assert made == []
     assert np.array_equal(one.tokens, before.tokens)
     assert mx.allclose(one.features, after.features[:, -one.features.shape[1] :], atol=1e-2)
 
@@ -349,6 +350,10 @@ def test_other_features_read_again_only_what_begins_the_new_data(models, tmp_pat
     new = answers([*PROMPTS[:2], "Other prompt"])
     cache_features(models, new, spec, folder, shard_tokens=60, progress=False)
     assert len(read) == 2  # the answers both begin with; the third prompt's is answered
+    # Features begun and cut short, then a run that wants the folder's own: they go.
+    (folder / ".features-again").mkdir()
+    cache_features(models, new, FeatureSpec(), folder, shard_tokens=60, progress=False)
+    assert not (folder / ".features-again").exists() and len(read) == 2  # served by the layers
     cache_features(models, new, spec, fresh, shard_tokens=60, progress=False)
     after, again = open_shards(folder, whole=True), open_shards(fresh, whole=True)
     assert after.manifest == again.manifest and np.array_equal(after.tokens, again.tokens)

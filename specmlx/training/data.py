@@ -39,7 +39,7 @@ from specmlx.engine.anatomy import hidden_size
 from specmlx.engine.cache import make_cache
 from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.engine.sampling import SamplingConfig
-from specmlx.errors import UsageError
+from specmlx.errors import SpecmlxError, UsageError
 from specmlx.io.files import write_atomic
 from specmlx.progress import note, progress_bar
 from specmlx.training.answers import Answered, answer_batch
@@ -480,6 +480,7 @@ def cache_features(
     answers are never made again."""
     from specmlx.heads.base import fingerprint
 
+    spec = cached_spec(Path(out_dir), spec)  # a cache of layers serves the final state too
     manifest = {
         "format": "specmlx-features",
         "version": 1,
@@ -504,6 +505,8 @@ def cache_features(
         _say_kept(keep_grown(folder, held_as, unchanged), folder, progress)
         if read_manifest(folder) == json.loads(json.dumps(held_as)):
             _features_again(models, folder, manifest, spec, shard_tokens, progress)
+    if (folder / AGAIN).exists():  # features begun for a run that no longer wants them
+        shutil.rmtree(folder / AGAIN)
     _say_kept(keep_grown(folder, manifest, unchanged), folder, progress)
     writer = ShardWriter(folder, manifest, models, shard_tokens)
     answered = [p for leaf in corpus.leaves for p in leaf.prompts or []]
@@ -569,6 +572,8 @@ def _features_again(
                 bar.advance(f"{writer.n_tokens:,} tokens")
         finally:  # on Ctrl-C too: what was made is kept, a rerun goes on from there
             writer.close()
+    if not writer.index.complete:
+        raise SpecmlxError(f"{staged}: features of {writer.index.n_sequences} of {held} sequences")
     swap_in(folder)
 
 
