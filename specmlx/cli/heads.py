@@ -210,7 +210,6 @@ def train_heads(
     from specmlx.training.checkpoint import check_out_dir, has_checkpoint
     from specmlx.training.data import (
         cache_features,
-        cached_spec,
         file_corpus,
         generate_corpus,
     )
@@ -285,8 +284,7 @@ def train_heads(
         )
         corpus = extra if corpus is None else corpus + extra
     assert corpus is not None
-    spec = cached_spec(data_dir, FeatureSpec(config.feature_layers))
-    cache_features(models, corpus, spec, data_dir)
+    cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
     origin = _origin(prompts if self_distill else None, self_distill, limit, files or [])
     if magpie:
         origin["magpie"] = magpie

@@ -480,8 +480,9 @@ def cache_features(
     answers are never made again."""
     from specmlx.heads.base import fingerprint
 
-    spec = cached_spec(Path(out_dir), spec)  # a cache of layers serves the final state too
-    manifest = {
+    folder = Path(out_dir)
+    spec = cached_spec(folder, spec)  # a cache of layers serves the final state too
+    manifest: dict[str, Any] = {
         "format": "specmlx-features",
         "version": 1,
         "fingerprint": fingerprint(models.target, models.tokenizer),
@@ -495,7 +496,7 @@ def cache_features(
     }
     if spec.layers:
         manifest["final"] = True
-    folder = Path(out_dir)
+    manifest = json.loads(json.dumps(manifest))  # as it reads back: lists, not tuples
     unchanged = partial(_unchanged, corpus=corpus, folder=folder)
     saved = read_manifest(folder)
     if saved is not None and _features_differ(saved, manifest):
@@ -503,7 +504,7 @@ def cache_features(
         held_as = {k: v for k, v in manifest.items() if k not in REDONE}
         held_as |= {k: saved[k] for k in REDONE if k in saved}
         _say_kept(keep_grown(folder, held_as, unchanged), folder, progress)
-        if read_manifest(folder) == json.loads(json.dumps(held_as)):
+        if read_manifest(folder) == held_as:
             _features_again(models, folder, manifest, spec, shard_tokens, progress)
     if (folder / AGAIN).exists():  # features begun for a run that no longer wants them
         shutil.rmtree(folder / AGAIN)
@@ -559,7 +560,7 @@ def _features_again(
     held, with new features; a Ctrl-C resumes the making, never a mix."""
     staged = folder / AGAIN
     held = read_index(folder).n_sequences
-    again = json.loads(json.dumps(manifest | {"sequences": held}))
+    again = manifest | {"sequences": held}
     if read_manifest(staged) not in (None, again):
         shutil.rmtree(staged)  # made for features no longer wanted
     writer = ShardWriter(staged, again, models, shard_tokens)
