@@ -25,3 +25,18 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
         dirs[arch] = make_model_dir(root / arch, arch, seed=1)
         dirs[f"{arch}-draft"] = make_model_dir(root / f"{arch}-draft", arch, seed=2)
     return dirs
+
+
+@pytest.fixture(scope="session")
+def loaded(tiny_dirs):
+    """loaded(name): the tiny model of `tiny_dirs[name]` and its tokenizer, loaded once."""
+    import mlx_lm
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = mlx_lm.load(str(tiny_dirs[name]))
+        return cache[name]
+
+    return get

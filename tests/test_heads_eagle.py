@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -111,11 +112,15 @@ def test_a_tree_call_scores_every_path_as_a_sequence(family):
         assert mx.allclose(tree_out[mx.array(path)], out, atol=1e-4), path
 
 
-def test_every_grown_node_scores_its_path(family):
+@pytest.mark.parametrize("temperatures", [(), (2.0, 0.5)], ids=["as-trained", "fitted"])
+def test_every_grown_node_scores_its_path(family, temperatures):
     """The level-by-level growth (the frontier's ancestors in the draft cache, depths as
-    positions) gives each candidate the log probability of feeding its path in sequence."""
+    positions) gives each candidate the log probability of feeding its path in sequence,
+    each level's at its temperature (the last one serving deeper levels)."""
     _, model, tokenizer, folder = family
     head = make_head(model, folder, noise=0.3)
+    head.config = dataclasses.replace(head.config, temperatures=temperatures)
+    temperature = [1.0, 1.0, 1.0, 1.0] if not temperatures else [2.0, 0.5, 0.5, 0.5]
     ids = tokenizer.encode(PROMPT)
     target = Sequence(model)
     target.capture(FeatureSpec())
@@ -131,11 +136,12 @@ def test_every_grown_node_scores_its_path(family):
             path.insert(0, parents[path[0]])
         cache = head.make_cache()
         fed = head(target.feature_rows(0), mx.array(ids[1:]), cache)[-1:]
-        logp = log_softmax(head.logits(fed)[0])
+        logp = log_softmax(head.logits(fed)[0] / temperature[0])
         total = logp[draft_ids[path[0]]].item()
-        for parent, child in zip(path, path[1:], strict=False):
+        for level, (parent, child) in enumerate(zip(path, path[1:], strict=False), start=1):
             fed = head(fed, mx.array([draft_ids[parent]]), cache)
-            total += log_softmax(head.logits(fed)[0])[draft_ids[child]].item()
+            logits = head.logits(fed)[0] / temperature[level]
+            total += log_softmax(logits)[draft_ids[child]].item()
         assert math.isclose(total, scores[node], abs_tol=1e-3), path
 
 

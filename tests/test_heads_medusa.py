@@ -86,18 +86,6 @@ def run(target, ids, drafter, policy, max_tokens=20, sampling=GREEDY):
     return [t for s in steps for t in s.tokens], steps
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_dirs):
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            cache[name] = mlx_lm.load(str(tiny_dirs[name]))
-        return cache[name]
-
-    return get
-
-
 # --- the heads ----------------------------------------------------------------------------
 
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import glob
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from specmlx.errors import UsageError
 from specmlx.heads.kinds import KINDS, TRAINABLE, trainable_kind
+
+if TYPE_CHECKING:
+    from specmlx.training.temperature import Fit
 
 KIND_HELP = f"The kind of heads: {' or '.join(TRAINABLE)}."
 _DEFAULT_LRS = ", ".join(f"{KINDS[name].train_lr:g} {name}" for name in TRAINABLE)
@@ -296,11 +299,23 @@ def train_heads(
     if "answers" in report.heldout_parts:
         answers = " ".join(f"{a:.0%}" for a in report.heldout_parts["answers"])
         heldout += f"; answers alone, which chose them: {answers}"
+    if report.calibration is not None:
+        heldout += f"; {describe_fit(report.calibration)}"
     err.print(
         f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
         f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"
         + f" (held out: {heldout})",
         soft_wrap=True,
+    )
+
+
+def describe_fit(fit: Fit) -> str:
+    """Fitted temperatures in one line, with what they did to the top-1 probability."""
+    percent = lambda values: " ".join(f"{v:.0%}" for v in values)  # noqa: E731
+    return (
+        f"temperatures {' '.join(f'{t:.2f}' for t in fit.temperatures)} on {fit.positions} "
+        f"held-out positions: top-1 probability {percent(fit.confidence)} -> "
+        f"{percent(fit.confidence_fitted)} (top-1 {percent(fit.accuracy)})"
     )
 
 
@@ -395,6 +410,15 @@ def eval_heads(
     ],
     data: CachedData,
     target: DataTarget = None,
+    fit_temperatures: Annotated[
+        bool,
+        typer.Option(
+            "--fit-temperatures",
+            help="Also fit the heads' temperatures (one per Medusa head or EAGLE step) on "
+            "the held-out answers and write them to their config.json (train-heads fits them "
+            "itself).",
+        ),
+    ] = False,
 ) -> None:
     """Held-out top-1 of trained heads on one feature cache: heads trained on other data
     scored on the same held-out text (split and scored as train-heads does), over all
@@ -408,7 +432,7 @@ def eval_heads(
     from rich.console import Console
 
     from specmlx.api.load import load
-    from specmlx.training.evaluate import heldout_top1
+    from specmlx.training.evaluate import heldout_temperatures, heldout_top1, write_temperatures
 
     err = Console(stderr=True, highlight=False)
     with err.status("loading the target…"):
@@ -419,3 +443,8 @@ def eval_heads(
         for part, (accuracy, sequences) in scores.items():
             top1 = " ".join(f"{a:.1%}" for a in accuracy)
             print(f"{folder}: held-out top-1 {top1} on {part} ({sequences} sequences)")
+        if fit_temperatures:
+            with err.status(f"fitting the temperatures of {folder}…"):
+                fit = heldout_temperatures(models, folder, data)
+            write_temperatures(folder, fit)
+            print(f"{folder}: {describe_fit(fit)} (written to its config.json)")

@@ -195,7 +195,7 @@ class EagleDrafter(OneBehind):
             # The frontier is at depth `level`: draft position prefix + level - 1.
             positions = mx.full((w,), prefix + level - 1, mx.int32)
             hidden = self.head(hidden, self._target_ids(ids), self.cache, positions, mask)
-            child_ids, child_lp = _top(self._log_probs(hidden), w)  # (w, w)
+            child_ids, child_lp = _top(self._log_probs(hidden, level), w)  # (w, w)
             child_scores = (scores[:, None] + child_lp).reshape(-1)  # (w * w,)
             all_ids.append(child_ids.reshape(-1))
             all_scores.append(child_scores)
@@ -210,9 +210,12 @@ class EagleDrafter(OneBehind):
             ancestors = mx.concatenate([ancestors, own], axis=1)[src]
         return mx.concatenate(all_ids), mx.concatenate(all_scores), mx.concatenate(all_parents)
 
-    def _log_probs(self, hidden: mx.array) -> mx.array:
-        """Draft log probabilities, never above 0: a child never outscores its parent. # (n, V_d)"""
+    def _log_probs(self, hidden: mx.array, level: int = 0) -> mx.array:
+        """Draft log probabilities at the level's temperature (level 0: the first drafted
+        token), never above 0: a child never outscores its parent. # (n, V_d)"""
         logits = self.head.logits(hidden).astype(mx.float32)
+        if self.head.config.temperatures:
+            logits = logits * (1 / self.head.config.temperature(level))
         return mx.minimum(logits - mx.logsumexp(logits, axis=-1, keepdims=True), 0.0)
 
     def _target_ids(self, ids: mx.array) -> mx.array:

@@ -63,10 +63,16 @@ class HeadsConfig:
     target_args: dict = field(default_factory=dict)  # eagle: the target's config.json
     fingerprint: dict = field(default_factory=dict)  # the target it was trained on
     training: dict = field(default_factory=dict)  # data, steps, seed, final losses
+    # The softmax temperature of each head (medusa) or level (eagle: the last one serves
+    # deeper levels) that makes its probabilities honest on held-out text
+    # (`specmlx.training.temperature`); (): 1 everywhere. Drafting only: never in training.
+    temperatures: tuple[float, ...] = ()
     source_format: str = "specmlx"  # "specmlx", or the kind whose published layout it was
 
     def __post_init__(self) -> None:
         head_kind(self.kind)  # one line naming the known kinds, if it is none of them
+        if not all(math.isfinite(t) and t > 0 for t in self.temperatures):
+            raise SpecmlxError(f"heads temperatures must be positive: {list(self.temperatures)}")
         if not 0 < self.draft_vocab <= self.target_vocab:
             raise SpecmlxError(
                 f"draft vocabulary of {self.draft_vocab} tokens for a target of "
@@ -76,6 +82,7 @@ class HeadsConfig:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["feature_layers"] = list(self.feature_layers)
+        out["temperatures"] = list(self.temperatures)
         return out
 
     @classmethod
@@ -87,7 +94,17 @@ class HeadsConfig:
             raise SpecmlxError(f"heads config lacks {', '.join(missing)}")
         values = {k: v for k, v in data.items() if k in names}
         values["feature_layers"] = tuple(values.get("feature_layers", ()))
+        try:
+            values["temperatures"] = tuple(float(t) for t in values.get("temperatures", ()))
+        except (TypeError, ValueError):
+            raise SpecmlxError(
+                f"heads temperatures must be numbers: {data['temperatures']}"
+            ) from None
         return cls(**values)
+
+    def temperature(self, i: int) -> float:
+        """Head (or level) i's temperature: 1 where none was fitted, the last one past them."""
+        return self.temperatures[min(i, len(self.temperatures) - 1)] if self.temperatures else 1.0
 
 
 def _required(f: dataclasses.Field) -> bool:

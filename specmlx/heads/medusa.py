@@ -96,12 +96,15 @@ class MedusaHeads(nn.Module):
         self, features_row: mx.array, width: int, n_heads: int | None = None
     ) -> tuple[mx.array, mx.array]:
         """Each head's `width` most probable tokens (target ids), most probable first, and
-        their probabilities under the head's softmax; lazily.
+        their probabilities under the head's softmax at its temperature; lazily.
 
         features_row # (F,) -> ids # (K, width) int32, probs # (K, width) float32
         """
-        logits = self(features_row[None], n_heads)[:, 0]  # (K, V_d)
-        probs = mx.softmax(logits.astype(mx.float32), axis=-1)
+        logits = self(features_row[None], n_heads)[:, 0].astype(mx.float32)  # (K, V_d)
+        if self.config.temperatures:  # honest probabilities: the trees' sizes rest on them
+            scale = [1 / self.config.temperature(i) for i in range(logits.shape[0])]
+            logits = logits * mx.array(scale)[:, None]
+        probs = mx.softmax(logits, axis=-1)
         width = min(width, probs.shape[-1])
         top = mx.argpartition(-probs, width - 1, axis=-1)[:, :width]  # unordered
         top_probs = mx.take_along_axis(probs, top, axis=-1)

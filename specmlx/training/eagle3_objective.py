@@ -188,6 +188,19 @@ def draft_layer(target_config: dict, draft_vocab: int) -> dict:
     return config
 
 
+def eagle3_logits(
+    head: nn.Module, features: mx.array, mask: mx.array, *steps: mx.array
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Each test step's logits on an `eagle3_batch` (K, B, L, V_d), its labels (K, B, L)
+    and the positions that count (K, B, L): what the step's temperature is fitted on."""
+    groups = [steps[i : i + 3] for i in range(0, len(steps), 3)]
+    hidden_states = unrolled(head, features, mask, [tokens for tokens, _, _ in groups])
+    logits = mx.stack([head.logits(hidden) for hidden in hidden_states])
+    labels = mx.stack([labels for _, labels, _ in groups])
+    valid = mx.stack([valid for _, _, valid in groups])
+    return logits, labels, valid & (labels >= 0)
+
+
 # --- the objective ------------------------------------------------------------------------
 
 
@@ -244,4 +257,5 @@ EAGLE3 = Objective(
     draft_layer=draft_layer,
     feature_layers=_default_layers,
     min_unroll=MIN_UNROLL,
+    logits=lambda head, settings: partial(eagle3_logits, head),
 )

@@ -1,5 +1,5 @@
 """Held-out top-1 of trained heads on any feature cache: heads of two recipes compared on
-the same held-out text.
+the same held-out text; and their temperatures fitted there.
 
 Training scores its heads on its own data's held-out sequences (`TrainConfig.holdout`), so
 heads trained on other data were scored on other text. `heldout_top1` scores heads on the
@@ -10,16 +10,19 @@ their own draft vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import fields
+import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from specmlx.api.models import Models
 from specmlx.errors import UsageError
-from specmlx.heads.base import check_target, target_vocab
+from specmlx.heads.base import CONFIG_FILE, check_target, target_vocab
 from specmlx.heads.store import load_heads
+from specmlx.io.files import write_atomic
 from specmlx.training.data import (
     prompt_positions,
     read_answered,
@@ -28,8 +31,10 @@ from specmlx.training.data import (
     split_parts,
     train_prompts,
 )
+from specmlx.training.losses import BatchFn, Objective
 from specmlx.training.objectives import OBJECTIVES, Windows, heldout_by_part, t2d_table
 from specmlx.training.shards import open_shards
+from specmlx.training.temperature import Fit, fit_temperatures
 from specmlx.training.train import TrainConfig, split_sequences
 
 
@@ -41,6 +46,60 @@ def heldout_top1(
     accuracy of each head (EAGLE: each unrolled step) of the heads in `heads_dir`, on answer
     positions where the cache's prompts can be told (as in training), and how many
     sequences that is."""
+    held = _held_out(models, heads_dir, data_dir)
+    loss_fn = held.objective.loss(held.heads, held.config)
+    accuracy = heldout_by_part(loss_fn, held.batch_of, held.windows, held.objective.labelled)
+    if not accuracy:
+        raise UsageError(f"{data_dir} holds no held-out sequence to score")
+    mx.clear_cache()
+    counts = {part: len(ids) for part, ids in held.parts.items()} | {"all": len(held.ids)}
+    return {
+        part: (accuracy[part], counts[part]) for part in ("all", *held.parts) if part in accuracy
+    }
+
+
+def heldout_temperatures(models: Models, heads_dir: Path, data_dir: Path) -> Fit:
+    """The temperatures of the heads in `heads_dir` fitted on the held-out answers of
+    `data_dir` (else its held-out pieces of files), as training fits them: for heads
+    trained before training fitted any, or to fit them on other text."""
+    held = _held_out(models, heads_dir, data_dir)
+    if held.objective.logits is None:
+        raise UsageError(f"{held.config.kind} heads have no temperatures to fit")
+    windows = held.windows.get("answers") or held.windows.get("files")
+    fit = None
+    if windows is not None:
+        logits_of = held.objective.logits(held.heads, held.config)
+        fit = fit_temperatures(logits_of, held.batch_of, windows)
+    if fit is None:
+        raise UsageError(f"{data_dir} holds no held-out position to fit temperatures on")
+    mx.clear_cache()
+    return fit
+
+
+def write_temperatures(heads_dir: Path, fit: Fit) -> None:
+    """Record `fit` in the config.json of `heads_dir` (the weights are untouched), never
+    half written."""
+    path = Path(heads_dir) / CONFIG_FILE
+    config = json.loads(path.read_text())
+    config["temperatures"] = fit.temperatures
+    config.setdefault("training", {})["calibration"] = fit.record()
+    write_atomic(path, json.dumps(config, indent=2) + "\n")
+
+
+@dataclass(frozen=True)
+class _HeldOut:
+    """Trained heads and the held-out windows of a cache, cut as their training cut them."""
+
+    heads: nn.Module
+    config: TrainConfig
+    objective: Objective
+    batch_of: BatchFn
+    windows: dict[str, Windows]  # by part: answers, files
+    parts: dict[str, list[int]]  # the held-out sequences of each part
+    ids: list[int]  # all held-out sequences
+
+
+def _held_out(models: Models, heads_dir: Path, data_dir: Path) -> _HeldOut:
     heads = load_heads(heads_dir, models.target, models.tokenizer)
     training = heads.config.training or {}
     if "settings" not in training:
@@ -59,18 +118,12 @@ def heldout_top1(
     objective = OBJECTIVES[config.kind]
     d2t = None if heads.d2t is None else np.array(heads.d2t)
     batch_of = objective.batches(data, t2d_table(d2t, target_vocab(models.target)), config)
-    loss_fn = objective.loss(heads, config)
     batch_size = config.batch_tokens // config.seq_len
     windows = {
         part: Windows(data, config.seq_len, batch_size, config.seed, ids, skip)
         for part, ids in parts.items()
     }
-    accuracy = heldout_by_part(loss_fn, batch_of, windows, objective.labelled)
-    if not accuracy:
-        raise UsageError(f"{data_dir} holds no held-out sequence to score")
-    mx.clear_cache()
-    counts = {part: len(ids) for part, ids in parts.items()} | {"all": len(held_ids)}
-    return {part: (accuracy[part], counts[part]) for part in ("all", *parts) if part in accuracy}
+    return _HeldOut(heads, config, objective, batch_of, windows, parts, held_ids)
 
 
 def _answer_positions(models: Models, source: dict, n: int, data_dir: Path) -> list[int] | None:

@@ -24,6 +24,9 @@ Batch = tuple[mx.array, ...]
 # each # (B, L)
 Span = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 LossFn = Callable[..., tuple[mx.array, mx.array, mx.array]]  # batch -> loss, terms, accuracy
+# batch -> each head's (or step's) logits over the draft vocabulary (K, ..., V_d), its labels
+# in draft ids (K, ...), and the positions that count (K, ...): scored, label in the vocabulary
+LogitsFn = Callable[..., tuple[mx.array, mx.array, mx.array]]
 BatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], Batch]  # a Span -> batch
 
 
@@ -47,6 +50,9 @@ class Objective:
     # low, middle, high); None: those the settings name (none: the final hidden state)
     feature_layers: Callable[[nn.Module], tuple[int, ...]] | None = None
     min_unroll: int = 1  # the fewest steps on its own outputs it trains with (`unroll`)
+    # (heads, settings) -> the heads' logits on a batch, to fit their temperatures
+    # (`specmlx.training.temperature`); None: this kind's are not fitted
+    logits: Callable[[nn.Module, Any], LogitsFn] | None = None
 
 
 def feature_rows(data: FeatureData, pos: np.ndarray) -> mx.array:

@@ -251,6 +251,13 @@ def medusa_loss(
     return (weights * per_head).sum(), per_head, accuracy
 
 
+def medusa_logits(
+    heads: nn.Module, features: mx.array, labels: mx.array, valid: mx.array, *soft: mx.array
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The heads' logits on a `medusa_batch`, its labels, and the positions that count."""
+    return heads(features), labels, valid & (labels >= 0)
+
+
 def eagle_loss(
     head: nn.Module,
     features: mx.array,
@@ -279,6 +286,22 @@ def eagle_loss(
         accuracy.append(masked_mean(mx.argmax(logits, axis=-1) == labels, valid))
         inputs = predicted  # the next step reads the head's own predictions
     return total, terms[0], mx.stack(accuracy)
+
+
+def eagle_logits(
+    head: nn.Module, features: mx.array, mask: mx.array, *steps: mx.array
+) -> tuple[mx.array, mx.array, mx.array]:
+    """Each unrolled step's logits on an `eagle_batch` (K, B, L, V_d), its labels (K, B, L)
+    and the positions that count (K, B, L)."""
+    inputs, logits, labels, used = features, [], [], []
+    for i in range(0, len(steps), 4):
+        tokens, _, step_labels, valid = steps[i : i + 4]
+        predicted = head(inputs, tokens, mask=mask)
+        logits.append(head.logits(predicted))
+        labels.append(step_labels)
+        used.append(valid & (step_labels >= 0))
+        inputs = predicted
+    return mx.stack(logits), mx.stack(labels), mx.stack(used)
 
 
 def schedule(peak: float, warmup: int, total: int, min_lr: float) -> Callable:
@@ -402,7 +425,13 @@ def _eagle_shape(settings: Any) -> dict[str, int]:
 
 
 OBJECTIVES: dict[str, Objective] = {
-    "medusa": Objective(_medusa_batches, _medusa_loss, _medusa_labelled, _medusa_shape),
+    "medusa": Objective(
+        _medusa_batches,
+        _medusa_loss,
+        _medusa_labelled,
+        _medusa_shape,
+        logits=lambda heads, settings: partial(medusa_logits, heads),
+    ),
     "eagle": Objective(
         _eagle_batches,
         _eagle_loss,
@@ -410,6 +439,7 @@ OBJECTIVES: dict[str, Objective] = {
         _eagle_shape,
         target_layer=True,
         feature_noise=True,
+        logits=lambda head, settings: partial(eagle_logits, head),
     ),
     "eagle3": EAGLE3,
 }

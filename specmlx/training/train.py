@@ -42,6 +42,7 @@ from specmlx.heads.kinds import KINDS, trainable_kind
 from specmlx.progress import progress_bar
 from specmlx.training import checkpoint as ckpt
 from specmlx.training.data import draft_vocab, prompt_positions, sequence_groups, split_parts
+from specmlx.training.losses import BatchFn, Objective
 from specmlx.training.objectives import (
     OBJECTIVES,
     Windows,
@@ -52,6 +53,7 @@ from specmlx.training.objectives import (
     with_noise,
 )
 from specmlx.training.shards import FeatureData, open_shards
+from specmlx.training.temperature import Fit, fit_temperatures
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ class TrainReport:
     data_tokens: int
     plot: Path | None = None
     heldout_parts: dict[str, list[float]] = field(default_factory=dict)  # answers, files
+    # Fitted on the held-out answers (`specmlx.training.temperature`); None: not fitted.
+    calibration: Fit | None = None
 
 
 def train_heads(
@@ -263,11 +267,31 @@ def train_heads(
     training["heldout_parts"] = best_evaluation(run).get("heldout_parts", {})
     training |= {"best_step": run.best_step, "planned_steps": total}
     training |= {"seconds": round(run.seconds, 2), "settings": settings_record(config)}
-    heads.config = replace(heads.config, training=training)
+    fit = _fit_temperatures(heads, config, objective, batch_of, heldout)
+    temperatures = () if fit is None else tuple(fit.temperatures)
+    if fit is not None:
+        training["calibration"] = fit.record()
+    heads.config = replace(heads.config, training=training, temperatures=temperatures)
     log = {"settings": settings_record(config), "data": described, "steps": run.log}
     dtype = None if config.save_dtype is None else getattr(mx, config.save_dtype)
     plot = ckpt.publish(heads, out_dir, log, dtype)
-    return _report(out_dir, config, run, total, summary, finished=True, plot=plot)
+    report = _report(out_dir, config, run, total, summary, finished=True, plot=plot)
+    return replace(report, calibration=fit)
+
+
+def _fit_temperatures(
+    heads: nn.Module,
+    config: TrainConfig,
+    objective: Objective,
+    batch_of: BatchFn,
+    heldout: dict[str, Windows],
+) -> Fit | None:
+    """The heads' temperatures, fitted on the held-out answers (what heads draft), else on
+    the held-out pieces of files; None where the kind fits none or nothing is held out."""
+    windows = heldout.get("answers") or heldout.get("files")
+    if objective.logits is None or windows is None:
+        return None
+    return fit_temperatures(objective.logits(heads, config), batch_of, windows)
 
 
 def split_sequences(groups: list[int], holdout: int) -> tuple[list[int], list[int]]:
