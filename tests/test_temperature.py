@@ -57,14 +57,14 @@ def fit(logits, labels, used, parts: int = 3):
 
 def test_the_fitted_temperature_is_the_one_the_labels_were_drawn_at():
     """Overconfident (T = 2.5) and underconfident (T = 0.6) heads: each fit finds its T,
-    lowers the likelihood's loss, and brings the top-1 probability to the top-1 accuracy."""
+    lowers the Brier score of the best candidates, and brings the top-1 probability to the top-1 accuracy."""
     logits, labels = drawn([2.5, 0.6])
     result = fit(logits, labels, np.ones(labels.shape, bool))
     assert result is not None and result.positions == labels.shape[1]
     assert result.temperatures[0] == pytest.approx(2.5, rel=0.1)
     assert result.temperatures[1] == pytest.approx(0.6, rel=0.1)
     for h in range(2):
-        assert result.nll_fitted[h] < result.nll[h]
+        assert result.brier_fitted[h] < result.brier[h]
         assert abs(result.confidence_fitted[h] - result.accuracy[h]) < 0.03
         assert abs(result.confidence[h] - result.accuracy[h]) > 0.1  # T = 1 was off
     assert result.confidence[0] > result.accuracy[0]  # overconfident at T = 1
@@ -132,8 +132,8 @@ def test_bad_temperatures_are_refused_in_one_line(loaded):
 
 def test_training_fits_and_records_the_heads_temperatures(models, data_dir, tmp_path):  # noqa: F811
     """Medusa heads trained with answers held out carry one temperature per head, fitted on
-    those answers, in their config and its training record; the held-out loss at them is no
-    higher than at 1."""
+    those answers, in their config and its training record; the held-out Brier score at them
+    is no higher than at 1."""
     config = fast(kind="medusa", steps=12, holdout=3, lr=1e-2)
     report = train_heads(models, config, data_dir, tmp_path / "h", progress=False)
     fitted = report.calibration
@@ -141,7 +141,7 @@ def test_training_fits_and_records_the_heads_temperatures(models, data_dir, tmp_
     saved = json.loads((tmp_path / "h" / "config.json").read_text())
     assert saved["temperatures"] == fitted.temperatures
     assert saved["training"]["calibration"]["temperatures"] == fitted.temperatures
-    for before, after in zip(fitted.nll, fitted.nll_fitted, strict=True):
+    for before, after in zip(fitted.brier, fitted.brier_fitted, strict=True):
         assert after <= before
     heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
     assert heads.config.temperatures == tuple(fitted.temperatures)
@@ -170,7 +170,9 @@ def test_eval_heads_fits_the_temperatures_of_heads_trained_without(models, data_
     assert result.exit_code == 0, result.output
     assert report.calibration is not None
     fitted = report.calibration.temperatures
-    assert json.loads(path.read_text())["temperatures"] == fitted
+    written = json.loads(path.read_text())
+    assert written["temperatures"] == fitted
+    assert written["training"]["calibration"]["fitted_on"].endswith(data_dir.name)
     assert f"temperatures {' '.join(f'{t:.2f}' for t in fitted)}" in result.stdout
     assert (tmp_path / "h" / "model.safetensors").read_bytes() == weights
     assert sorted(p.name for p in (tmp_path / "h").iterdir()) == sorted(

@@ -446,5 +446,5 @@ def eval_heads(
         if fit_temperatures:
             with err.status(f"fitting the temperatures of {folder}…"):
                 fit = heldout_temperatures(models, folder, data)
-            write_temperatures(folder, fit)
+            write_temperatures(folder, fit, data)
             print(f"{folder}: {describe_fit(fit)} (written to its config.json)")

@@ -76,13 +76,14 @@ def heldout_temperatures(models: Models, heads_dir: Path, data_dir: Path) -> Fit
     return fit
 
 
-def write_temperatures(heads_dir: Path, fit: Fit) -> None:
-    """Record `fit` in the config.json of `heads_dir` (the weights are untouched), never
-    half written."""
+def write_temperatures(heads_dir: Path, fit: Fit, data_dir: Path) -> None:
+    """Record `fit`, made on `data_dir`, in the config.json of `heads_dir` (the weights are
+    untouched), never half written."""
     path = Path(heads_dir) / CONFIG_FILE
     config = json.loads(path.read_text())
     config["temperatures"] = fit.temperatures
-    config.setdefault("training", {})["calibration"] = fit.record()
+    record = fit.record() | {"fitted_on": f"the held-out sequences of {Path(data_dir).name}"}
+    config.setdefault("training", {})["calibration"] = record
     write_atomic(path, json.dumps(config, indent=2) + "\n")
 
 

@@ -8,11 +8,16 @@ held out) and grow overconfident: their trees grow larger than what they keep pa
 deep guess outranks a second guess one level up.
 
 Temperature scaling (Guo et al. 2017) mends it with one number per Medusa head (per EAGLE
-step: the level it drafts, on its own earlier outputs as training tests it): the T for which
-softmax(logits / T) gives the target's greedy tokens at held-out positions the least
-negative log-likelihood. Dividing the logits by T keeps every head's ranking of its tokens,
-so what a head proposes is unchanged; only the probabilities, hence the tree's shape and
-size, move. The fit is a scan of a fine grid of T (the likelihood is convex in 1/T).
+step: the level it drafts, on its own earlier outputs as training tests it). Dividing the
+logits by T keeps every head's ranking of its tokens, so what a head proposes is unchanged;
+only the probabilities, hence the tree's shape and size, move. The T chosen is the one whose
+probabilities of the head's `WIDTH` best tokens best forecast which of them is the target's
+token at held-out positions (the Brier score over those candidates, a proper score for each
+"this candidate is the token" event): those are the probabilities a tree is built from. The
+whole distribution's likelihood, Guo et al.'s criterion, is ruled by the tokens ranked far
+down, which no tree drafts: fitted on it, SmolLM2's EAGLE-3 heads, whose top-1 probability
+matched their top-1 accuracy (26% and 25%) at T = 1, went to 19%. The fit is a scan of a
+fine grid of T.
 """
 
 from __future__ import annotations
@@ -27,17 +32,19 @@ from specmlx.training.objectives import Windows
 
 # 1/4 to 16 in steps of 2^(1/16) (4.4%): finer than the temperature matters to a tree's size.
 GRID = 2.0 ** (np.arange(-32, 65) / 16)
+WIDTH = 8  # the candidates scored at each position: the drafters' default tree width
 
 
 @dataclass(frozen=True)
 class Fit:
-    """Per head: the fitted temperature, the held-out negative log-likelihood at T = 1 and
-    at it, the mean top-1 probability at T = 1 and at it, and the top-1 accuracy (what a
-    calibrated head's mean top-1 probability is close to), over `positions` positions."""
+    """Per head: the fitted temperature, the held-out Brier score of its `WIDTH` best tokens
+    at T = 1 and at it, its mean top-1 probability at T = 1 and at it, and its top-1
+    accuracy (what a calibrated head's mean top-1 probability is close to), over
+    `positions` positions."""
 
     temperatures: list[float]
-    nll: list[float]
-    nll_fitted: list[float]
+    brier: list[float]
+    brier_fitted: list[float]
     confidence: list[float]
     confidence_fitted: list[float]
     accuracy: list[float]
@@ -47,7 +54,7 @@ class Fit:
         """For the heads' training record (config.json)."""
         return {
             "temperatures": self.temperatures,
-            "heldout_nll": {"at_1": self.nll, "fitted": self.nll_fitted},
+            "heldout_brier_top8": {"at_1": self.brier, "fitted": self.brier_fitted},
             "heldout_top1_probability": {"at_1": self.confidence, "fitted": self.confidence_fitted},
             "heldout_top1": self.accuracy,
             "positions": self.positions,
@@ -57,21 +64,25 @@ class Fit:
 def fit_temperatures(logits_of: LogitsFn, batch_of: BatchFn, windows: Windows) -> Fit | None:
     """Each head's temperature fitted on every position of `windows` that counts (None: some
     head has no such position). Evaluated batch by batch, in one pass; no gradients."""
-    sums: mx.array | None = None  # (2 T + 2, K): NLL and top-1 probability per T, hits, count
+    sums: mx.array | None = None  # (2 T + 2, K): Brier and top-1 probability per T, hits, count
     for span in windows.in_order():
         logits, labels, used = logits_of(*batch_of(*span))
         k, v = logits.shape[0], logits.shape[-1]
         logits = logits.astype(mx.float32).reshape(k, -1, v)
         labels, used = labels.reshape(k, -1), used.reshape(k, -1).astype(mx.float32)
-        picked = mx.take_along_axis(logits, mx.maximum(labels, 0)[..., None], axis=-1)[..., 0]
-        top = logits.max(axis=-1)  # (K, N)
-        nll, confidence = [], []
-        for t in GRID.tolist():  # (K, N) at a time: never (T, K, N, V) at once
+        width = min(WIDTH, v)
+        best = mx.argpartition(-logits, width - 1, axis=-1)[..., :width]  # (K, N, w)
+        best_logits = mx.take_along_axis(logits, best, axis=-1)
+        is_label = (best == labels[..., None]).astype(mx.float32)
+        top = best_logits.max(axis=-1)  # (K, N)
+        brier, confidence = [], []
+        for t in GRID.tolist():  # (K, N, w) at a time: never (T, K, N, V) at once
             norm = mx.logsumexp(logits / t, axis=-1)
-            nll.append(((norm - picked / t) * used).sum(-1))
+            probs = mx.exp(best_logits / t - norm[..., None])
+            brier.append((((probs - is_label) ** 2).sum(-1) * used).sum(-1))
             confidence.append((mx.exp(top / t - norm) * used).sum(-1))
         hits = (mx.argmax(logits, axis=-1) == labels).astype(mx.float32)
-        batch_sums = mx.stack([*nll, *confidence, (hits * used).sum(-1), used.sum(-1)])
+        batch_sums = mx.stack([*brier, *confidence, (hits * used).sum(-1), used.sum(-1)])
         sums = batch_sums if sums is None else sums + batch_sums
         mx.eval(sums)
     if sums is None:
@@ -80,8 +91,8 @@ def fit_temperatures(logits_of: LogitsFn, batch_of: BatchFn, windows: Windows) -
     count = table[-1]
     if not count.min() > 0:
         return None
-    nll, confidence = table[: len(GRID)] / count, table[len(GRID) : -2] / count  # (T, K)
-    best = nll.argmin(axis=0)
+    brier, confidence = table[: len(GRID)] / count, table[len(GRID) : -2] / count  # (T, K)
+    chosen = brier.argmin(axis=0)
     one = int(np.flatnonzero(GRID == 1.0)[0])
     heads = range(len(count))
 
@@ -89,11 +100,11 @@ def fit_temperatures(logits_of: LogitsFn, batch_of: BatchFn, windows: Windows) -
         return [round(float(x), 4) for x in values]  # type: ignore[attr-defined]
 
     return Fit(
-        temperatures=rounded(GRID[best]),
-        nll=rounded(nll[one]),
-        nll_fitted=rounded(nll[best[h], h] for h in heads),
+        temperatures=rounded(GRID[chosen]),
+        brier=rounded(brier[one]),
+        brier_fitted=rounded(brier[chosen[h], h] for h in heads),
         confidence=rounded(confidence[one]),
-        confidence_fitted=rounded(confidence[best[h], h] for h in heads),
+        confidence_fitted=rounded(confidence[chosen[h], h] for h in heads),
         accuracy=rounded(table[-2] / count),
         positions=int(count.max()),
     )
