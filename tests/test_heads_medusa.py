@@ -73,6 +73,17 @@ def randomized(heads: MedusaHeads, seed: int = 0, scale: float = 0.3) -> MedusaH
     return heads
 
 
+def synced_heads(loaded, seed: int = 4) -> tuple[MedusaHeads, list[int], Sequence]:
+    """Random Medusa heads on the tiny llama, a prompt, and the target holding it."""
+    model, tokenizer = loaded("llama")
+    heads = randomized(MedusaHeads.create(medusa_config(model, tokenizer), model), seed=seed)
+    ids = tokenizer.encode(PROMPTS[3])
+    target = Sequence(model)
+    target.capture(FeatureSpec(heads.config.feature_layers))
+    target.sync(ids)
+    return heads, ids, target
+
+
 def features_of(model, ids: list[int]) -> mx.array:
     return backbone(model)(mx.array(ids)[None])[0]  # (n, hidden)
 
@@ -358,12 +369,7 @@ def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay(loaded):
     are the best-first prefix `best_tree_size` picks from the paths' scores."""
     from specmlx.drafters.eagle import best_tree_size
 
-    model, tokenizer = loaded("llama")
-    heads = randomized(MedusaHeads.create(medusa_config(model, tokenizer), model), seed=4)
-    ids = tokenizer.encode(PROMPTS[3])
-    target = Sequence(model)
-    target.capture(FeatureSpec(heads.config.feature_layers))
-    target.sync(ids)
+    heads, ids, target = synced_heads(loaded)
 
     def proposal(verify_cost):
         drafter = MedusaDrafter(heads, 12, 3, verify_cost=verify_cost)

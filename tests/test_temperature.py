@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 
 from specmlx.drafters.medusa import MedusaDrafter
-from specmlx.engine.cache import Sequence
-from specmlx.engine.features import FeatureSpec
 from specmlx.errors import SpecmlxError
 from specmlx.heads import HeadsConfig, load_heads
 from specmlx.heads.medusa import MedusaHeads
 from specmlx.training.temperature import fit_temperatures
 from specmlx.training.train import train_heads
-from tests.test_heads_medusa import GREEDY, PROMPTS, medusa_config, randomized
+from tests.test_heads_medusa import GREEDY, medusa_config, randomized, synced_heads
 from tests.test_train_heads import corpus, data_dir, fast, models  # noqa: F401 (fixtures)
 
 
@@ -101,12 +99,7 @@ def test_hotter_heads_draft_smaller_trees(loaded):
     """The tree's size rests on the paths' probabilities: the same heads at a temperature
     above 1 keep fewer nodes where verification has a price, the best-first prefix of the
     same tree."""
-    model, tokenizer = loaded("llama")
-    heads = randomized(MedusaHeads.create(medusa_config(model, tokenizer), model), seed=4)
-    ids = tokenizer.encode(PROMPTS[3])
-    target = Sequence(model)
-    target.capture(FeatureSpec(heads.config.feature_layers))
-    target.sync(ids)
+    heads, ids, target = synced_heads(loaded)
 
     def proposal(temperatures):
         heads.config = dataclasses.replace(heads.config, temperatures=temperatures)
