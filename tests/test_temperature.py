@@ -75,6 +75,14 @@ def test_positions_that_do_not_count_are_left_out():
     corrupted = labels.copy()
     corrupted[:, ::2] = np.argmax(logits[:, ::2], -1)  # as if perfectly confident there
     assert fit(logits, corrupted, used) == fit(logits[:, 1::2], labels[:, 1::2], used[:, 1::2])
+    # Tokens outside the draft vocabulary (-1) are misses of every candidate: fewer hits,
+    # a hotter fit than on the same positions without them.
+    unknown = labels.copy()
+    unknown[:, ::3] = -1
+    every = np.ones(labels.shape, bool)
+    outside, inside = fit(logits, unknown, every), fit(logits, labels, every)
+    assert outside.accuracy[0] < inside.accuracy[0] and outside.positions == labels.shape[1]
+    assert outside.temperatures[0] > inside.temperatures[0]
     none = used.copy()
     none[:, :] = False
     assert fit(logits, labels, none) is None
@@ -117,29 +125,31 @@ def test_bad_temperatures_are_refused_in_one_line(loaded):
     config = medusa_config(model, tokenizer).to_dict()
     assert config["temperatures"] == []
     assert HeadsConfig.from_dict(config | {"temperatures": [1.5, 2]}).temperature(3) == 2.0
-    for bad in ([0.0], [-1.0], ["warm"], [float("nan")]):
+    for bad in ([0.0], [-1.0], ["warm"], [float("nan")], "12", [True], None):
         with pytest.raises(SpecmlxError, match="temperatures") as caught:
             HeadsConfig.from_dict(config | {"temperatures": bad})
         assert "\n" not in str(caught.value)
 
 
-def test_training_fits_and_records_the_heads_temperatures(models, data_dir, tmp_path):  # noqa: F811
-    """Medusa heads trained with answers held out carry one temperature per head, fitted on
-    those answers, in their config and its training record; the held-out Brier score at them
-    is no higher than at 1."""
-    config = fast(kind="medusa", steps=12, holdout=3, lr=1e-2)
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_training_fits_and_records_the_heads_temperatures(models, data_dir, tmp_path, kind):  # noqa: F811
+    """Heads trained with answers held out carry one temperature per head (EAGLE: per
+    unrolled step), fitted on those answers (the positions and labels their held-out top-1
+    scores, a miss where the token is outside the draft vocabulary), in their config and
+    its training record."""
+    config = fast(kind=kind, steps=12, holdout=3, lr=1e-2 if kind == "medusa" else 3e-3)
     report = train_heads(models, config, data_dir, tmp_path / "h", progress=False)
     fitted = report.calibration
-    assert fitted is not None and len(fitted.temperatures) == config.num_heads
+    assert fitted is not None
+    assert len(fitted.temperatures) == (config.num_heads if kind == "medusa" else config.unroll)
+    assert fitted.accuracy == pytest.approx(report.heldout_parts["answers"], abs=2e-4)
     saved = json.loads((tmp_path / "h" / "config.json").read_text())
     assert saved["temperatures"] == fitted.temperatures
     assert saved["training"]["calibration"]["temperatures"] == fitted.temperatures
-    for before, after in zip(fitted.brier, fitted.brier_fitted, strict=True):
-        assert after <= before
     heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
     assert heads.config.temperatures == tuple(fitted.temperatures)
     # Nothing held out: nothing to fit on, and nothing recorded.
-    bare = train_heads(models, fast(kind="medusa", steps=4, holdout=0), data_dir, tmp_path / "b")
+    bare = train_heads(models, fast(kind=kind, steps=4, holdout=0), data_dir, tmp_path / "b")
     assert bare.calibration is None
     assert json.loads((tmp_path / "b" / "config.json").read_text())["temperatures"] == []
 

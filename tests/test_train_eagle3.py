@@ -142,9 +142,15 @@ def test_each_test_step_computes_what_drafting_computes(models, data_dir):
 def test_training_lowers_the_loss_and_the_heads_draft_the_targets_tokens(
     models, data_dir, tmp_path
 ):
-    report = train_heads(models, settings(steps=40, lr=3e-3), data_dir, tmp_path / "h", False)
+    config = settings(steps=40, lr=3e-3, holdout=2)
+    report = train_heads(models, config, data_dir, tmp_path / "h", False)
     log = json.loads((tmp_path / "h" / "train_log.json").read_text())["steps"]
     assert report.finished and len(report.losses) == len(report.accuracy) == 3
+    # Its temperatures are fitted on what the held-out top-1 scores, step by step.
+    fitted = report.calibration
+    assert fitted is not None and len(fitted.temperatures) == 3
+    heldout = report.heldout_parts.get("answers", report.heldout)
+    assert fitted.accuracy == pytest.approx(heldout, abs=2e-4)
     assert report.loss < 0.8 * np.mean([entry["loss"] for entry in log[:5]])
     heads = load_heads(tmp_path / "h", models.target, models.tokenizer)
     assert isinstance(heads, Eagle3Head) and heads.config.feature_layers == LAYERS

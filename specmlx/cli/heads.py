@@ -311,7 +311,10 @@ def train_heads(
 
 def describe_fit(fit: Fit) -> str:
     """Fitted temperatures in one line, with what they did to the top-1 probability."""
-    percent = lambda values: " ".join(f"{v:.0%}" for v in values)  # noqa: E731
+
+    def percent(values: list[float]) -> str:
+        return " ".join(f"{v:.0%}" for v in values)
+
     return (
         f"temperatures {' '.join(f'{t:.2f}' for t in fit.temperatures)} on {fit.positions} "
         f"held-out positions: top-1 probability {percent(fit.confidence)} -> "
@@ -429,6 +432,11 @@ def eval_heads(
     for folder in heads:
         if not (folder / "config.json").is_file():
             raise UsageError(f"{folder} holds no heads (no config.json)")
+    if fit_temperatures:
+        from specmlx.bench.report import check_writable
+
+        for folder in heads:  # before minutes of loading and scoring
+            check_writable(folder / "config.json")
     from rich.console import Console
 
     from specmlx.api.load import load

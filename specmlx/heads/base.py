@@ -94,12 +94,13 @@ class HeadsConfig:
             raise SpecmlxError(f"heads config lacks {', '.join(missing)}")
         values = {k: v for k, v in data.items() if k in names}
         values["feature_layers"] = tuple(values.get("feature_layers", ()))
-        try:
-            values["temperatures"] = tuple(float(t) for t in values.get("temperatures", ()))
-        except (TypeError, ValueError):
-            raise SpecmlxError(
-                f"heads temperatures must be numbers: {data['temperatures']}"
-            ) from None
+        temperatures = values.get("temperatures", [])
+        numbers = isinstance(temperatures, (list, tuple)) and all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) for t in temperatures
+        )
+        if not numbers:
+            raise SpecmlxError(f"heads temperatures must be a list of numbers: {temperatures!r}")
+        values["temperatures"] = tuple(float(t) for t in temperatures)
         return cls(**values)
 
     def temperature(self, i: int) -> float:

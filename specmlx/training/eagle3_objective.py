@@ -198,7 +198,7 @@ def eagle3_logits(
     logits = mx.stack([head.logits(hidden) for hidden in hidden_states])
     labels = mx.stack([labels for _, labels, _ in groups])
     valid = mx.stack([valid for _, _, valid in groups])
-    return logits, labels, valid & (labels >= 0)
+    return logits, labels, valid
 
 
 # --- the objective ------------------------------------------------------------------------

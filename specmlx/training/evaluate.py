@@ -80,11 +80,14 @@ def write_temperatures(heads_dir: Path, fit: Fit, data_dir: Path) -> None:
     """Record `fit`, made on `data_dir`, in the config.json of `heads_dir` (the weights are
     untouched), never half written."""
     path = Path(heads_dir) / CONFIG_FILE
-    config = json.loads(path.read_text())
-    config["temperatures"] = fit.temperatures
-    record = fit.record() | {"fitted_on": f"the held-out sequences of {Path(data_dir).name}"}
-    config.setdefault("training", {})["calibration"] = record
-    write_atomic(path, json.dumps(config, indent=2) + "\n")
+    try:
+        config = json.loads(path.read_text())
+        config["temperatures"] = fit.temperatures
+        record = fit.record() | {"fitted_on": f"the held-out sequences of {Path(data_dir).name}"}
+        config.setdefault("training", {})["calibration"] = record
+        write_atomic(path, json.dumps(config, indent=2) + "\n")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ Batch = tuple[mx.array, ...]
 Span = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 LossFn = Callable[..., tuple[mx.array, mx.array, mx.array]]  # batch -> loss, terms, accuracy
 # batch -> each head's (or step's) logits over the draft vocabulary (K, ..., V_d), its labels
-# in draft ids (K, ...), and the positions that count (K, ...): scored, label in the vocabulary
+# in draft ids, -1 outside it (K, ...), and the positions that count (K, ...): scored, as in
+# the top-1 accuracy
 LogitsFn = Callable[..., tuple[mx.array, mx.array, mx.array]]
 BatchFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], Batch]  # a Span -> batch
 

@@ -255,7 +255,7 @@ def medusa_logits(
     heads: nn.Module, features: mx.array, labels: mx.array, valid: mx.array, *soft: mx.array
 ) -> tuple[mx.array, mx.array, mx.array]:
     """The heads' logits on a `medusa_batch`, its labels, and the positions that count."""
-    return heads(features), labels, valid & (labels >= 0)
+    return heads(features), labels, valid
 
 
 def eagle_loss(
@@ -299,7 +299,7 @@ def eagle_logits(
         predicted = head(inputs, tokens, mask=mask)
         logits.append(head.logits(predicted))
         labels.append(step_labels)
-        used.append(valid & (step_labels >= 0))
+        used.append(valid)
         inputs = predicted
     return mx.stack(logits), mx.stack(labels), mx.stack(used)
 

@@ -17,11 +17,19 @@ token at held-out positions (the Brier score over those candidates, a proper sco
 whole distribution's likelihood, Guo et al.'s criterion, is ruled by the tokens ranked far
 down, which no tree drafts: fitted on it, SmolLM2's EAGLE-3 heads, whose top-1 probability
 matched their top-1 accuracy (26% and 25%) at T = 1, went to 19%. The fit is a scan of a
-fine grid of T.
+fine grid of T. A position whose token is outside the draft vocabulary counts as a miss of
+every candidate: no draft can be kept there.
+
+Each Medusa head is fitted over all positions, while a tree scores a path by the product
+of its heads' probabilities, as if each were the head's chance given the heads before it
+right: honest heads one by one, not paths (a second head's guess, made for the first
+head's best token, is rarely right under its second one). EAGLE's steps read the tokens
+before them, so their probabilities are already the path's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -62,25 +70,28 @@ class Fit:
 
 
 def fit_temperatures(logits_of: LogitsFn, batch_of: BatchFn, windows: Windows) -> Fit | None:
-    """Each head's temperature fitted on every position of `windows` that counts (None: some
-    head has no such position). Evaluated batch by batch, in one pass; no gradients."""
+    """Each head's temperature fitted on every position of `windows` that counts (a head
+    with none keeps 1; None: no head has any). Evaluated batch by batch, in one pass; no
+    gradients."""
     sums: mx.array | None = None  # (2 T + 2, K): Brier and top-1 probability per T, hits, count
     for span in windows.in_order():
         logits, labels, used = logits_of(*batch_of(*span))
-        k, v = logits.shape[0], logits.shape[-1]
-        logits = logits.astype(mx.float32).reshape(k, -1, v)
-        labels, used = labels.reshape(k, -1), used.reshape(k, -1).astype(mx.float32)
-        width = min(WIDTH, v)
+        n_heads, vocab = logits.shape[0], logits.shape[-1]
+        logits = logits.astype(mx.float32).reshape(n_heads, -1, vocab)
+        labels = labels.reshape(n_heads, -1)
+        used = used.reshape(n_heads, -1).astype(mx.float32)
+        width = min(WIDTH, vocab)
         best = mx.argpartition(-logits, width - 1, axis=-1)[..., :width]  # (K, N, w)
         best_logits = mx.take_along_axis(logits, best, axis=-1)
+        # A label outside the draft vocabulary (-1) is none of them: a certain miss.
         is_label = (best == labels[..., None]).astype(mx.float32)
         top = best_logits.max(axis=-1)  # (K, N)
         brier, confidence = [], []
-        for t in GRID.tolist():  # (K, N, w) at a time: never (T, K, N, V) at once
-            norm = mx.logsumexp(logits / t, axis=-1)
-            probs = mx.exp(best_logits / t - norm[..., None])
+        for temperature in GRID.tolist():  # (K, N, w) at a time: never (T, K, N, V)
+            norm = mx.logsumexp(logits / temperature, axis=-1)
+            probs = mx.exp(best_logits / temperature - norm[..., None])
             brier.append((((probs - is_label) ** 2).sum(-1) * used).sum(-1))
-            confidence.append((mx.exp(top / t - norm) * used).sum(-1))
+            confidence.append((mx.exp(top / temperature - norm) * used).sum(-1))
         hits = (mx.argmax(logits, axis=-1) == labels).astype(mx.float32)
         batch_sums = mx.stack([*brier, *confidence, (hits * used).sum(-1), used.sum(-1)])
         sums = batch_sums if sums is None else sums + batch_sums
@@ -89,22 +100,23 @@ def fit_temperatures(logits_of: LogitsFn, batch_of: BatchFn, windows: Windows) -
         return None
     table = np.array(sums.tolist())
     count = table[-1]
-    if not count.min() > 0:
+    if not count.max() > 0:
         return None
-    brier, confidence = table[: len(GRID)] / count, table[len(GRID) : -2] / count  # (T, K)
-    chosen = brier.argmin(axis=0)
-    one = int(np.flatnonzero(GRID == 1.0)[0])
-    heads = range(len(count))
-
-    def rounded(values: object) -> list[float]:
-        return [round(float(x), 4) for x in values]  # type: ignore[attr-defined]
-
+    per_position = table / np.maximum(count, 1)
+    brier, confidence = per_position[: len(GRID)], per_position[len(GRID) : -2]  # (T, K)
+    at_one = int(np.flatnonzero(GRID == 1.0)[0])
+    chosen = np.where(count > 0, brier.argmin(axis=0), at_one)  # none scored: as trained
+    heads = np.arange(len(count))
     return Fit(
-        temperatures=rounded(GRID[chosen]),
-        brier=rounded(brier[one]),
-        brier_fitted=rounded(brier[chosen[h], h] for h in heads),
-        confidence=rounded(confidence[one]),
-        confidence_fitted=rounded(confidence[chosen[h], h] for h in heads),
-        accuracy=rounded(table[-2] / count),
+        temperatures=_rounded(GRID[chosen]),
+        brier=_rounded(brier[at_one]),
+        brier_fitted=_rounded(brier[chosen, heads]),
+        confidence=_rounded(confidence[at_one]),
+        confidence_fitted=_rounded(confidence[chosen, heads]),
+        accuracy=_rounded(per_position[-2]),
         positions=int(count.max()),
     )
+
+
+def _rounded(values: Iterable[float]) -> list[float]:
+    return [round(float(x), 4) for x in values]
