@@ -300,7 +300,7 @@ def train_heads(
         answers = " ".join(f"{a:.0%}" for a in report.heldout_parts["answers"])
         heldout += f"; answers alone, which chose them: {answers}"
     if report.calibration is not None:
-        heldout += f"; {describe_fit(report.calibration)}"
+        heldout += f"; fitted, not applied: {describe_fit(report.calibration)}"
     err.print(
         f"{kind} heads written to {out}: {report.steps} steps in {report.seconds:.0f} s on "
         f"{report.data_tokens} tokens, loss {report.loss:.3f}, top-1 {accuracy}"
@@ -418,8 +418,8 @@ def eval_heads(
         typer.Option(
             "--fit-temperatures",
             help="Also fit the heads' temperatures (one per Medusa head or EAGLE step) on "
-            "the held-out answers and write them to their config.json (train-heads fits them "
-            "itself).",
+            "the held-out answers and write them to their config.json, where drafting "
+            "applies them (train-heads records them without applying them).",
         ),
     ] = False,
 ) -> None:
