@@ -64,8 +64,8 @@ class HeadsConfig:
     fingerprint: dict = field(default_factory=dict)  # the target it was trained on
     training: dict = field(default_factory=dict)  # data, steps, seed, final losses
     # The softmax temperature of each head (medusa) or level (eagle: the last one serves
-    # deeper levels) that makes its probabilities honest on held-out text
-    # (`specmlx.training.temperature`); (): 1 everywhere. Drafting only: never in training.
+    # deeper levels) drafting applies, written by `eval-heads --fit-temperatures`
+    # (`specmlx.training.temperature`; training only records its fit); (): 1 everywhere.
     temperatures: tuple[float, ...] = ()
     source_format: str = "specmlx"  # "specmlx", or the kind whose published layout it was
 

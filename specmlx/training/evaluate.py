@@ -34,8 +34,8 @@ from specmlx.training.data import (
 from specmlx.training.losses import BatchFn, Objective
 from specmlx.training.objectives import OBJECTIVES, Windows, heldout_by_part, t2d_table
 from specmlx.training.shards import open_shards
-from specmlx.training.temperature import Fit, fit_temperatures
-from specmlx.training.train import TrainConfig, split_sequences
+from specmlx.training.temperature import Fit
+from specmlx.training.train import TrainConfig, heldout_fit, split_sequences
 
 
 def heldout_top1(
@@ -60,16 +60,12 @@ def heldout_top1(
 
 def heldout_temperatures(models: Models, heads_dir: Path, data_dir: Path) -> Fit:
     """The temperatures of the heads in `heads_dir` fitted on the held-out answers of
-    `data_dir` (else its held-out pieces of files), as training fits them: for heads
-    trained before training fitted any, or to fit them on other text."""
+    `data_dir` (else its held-out pieces of files), as training fits them: to apply the
+    fit training recorded, or to fit them on other text."""
     held = _held_out(models, heads_dir, data_dir)
     if held.objective.logits is None:
         raise UsageError(f"{held.config.kind} heads have no temperatures to fit")
-    windows = held.windows.get("answers") or held.windows.get("files")
-    fit = None
-    if windows is not None:
-        logits_of = held.objective.logits(held.heads, held.config)
-        fit = fit_temperatures(logits_of, held.batch_of, windows)
+    fit = heldout_fit(held.heads, held.config, held.objective, held.batch_of, held.windows)
     if fit is None:
         raise UsageError(f"{data_dir} holds no held-out position to fit temperatures on")
     mx.clear_cache()

@@ -270,7 +270,7 @@ def train_heads(
     # Measured and recorded, not applied: on the Qwen 1.5B target's code the fitted Medusa
     # temperatures cut tau 2.25 -> 2.03 and 1.51x -> 1.40x where verification is cheap
     # (docs/benchmarks.md); `eval-heads --fit-temperatures` applies them on request.
-    fit = _fit_temperatures(heads, config, objective, batch_of, heldout)
+    fit = heldout_fit(heads, config, objective, batch_of, heldout)
     if fit is not None:
         training["calibration"] = fit.record()
     heads.config = replace(heads.config, training=training)
@@ -281,7 +281,7 @@ def train_heads(
     return replace(report, calibration=fit)
 
 
-def _fit_temperatures(
+def heldout_fit(
     heads: nn.Module,
     config: TrainConfig,
     objective: Objective,
