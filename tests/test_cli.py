@@ -16,6 +16,7 @@ from specmlx import __version__
 from specmlx.api.methods import METHODS, DraftOptions, LookaheadOptions, NgramOptions
 from specmlx.cli import app
 from specmlx.cli.options import MethodFlags, SharedOptions
+from tests.clock import calibrated_clock
 from tests.tiny import make_model_dir
 
 runner = CliRunner()
@@ -95,23 +96,6 @@ def test_generate_streams_text_and_a_stats_line(tiny_dirs):
     assert "acceptance 100%" in result.stderr and "tok/s" in result.stderr
 
 
-class CalibratedClock:
-    """A `time` for the loop that runs only while the models compute, and as the
-    calibration prices their calls: `n` tokens through either model (the same size) take
-    `target_call_seconds * v(n)`. The steps' times then say what the costs say, on any
-    machine, however loaded."""
-
-    def __init__(self, profile):
-        self.profile = profile
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def charge(self, n_tokens: int) -> None:
-        self.now += self.profile.target_call_seconds * self.profile.verify_cost(n_tokens)
-
-
 def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(
     tiny_dirs, tmp_path, monkeypatch
 ):
@@ -125,24 +109,10 @@ def test_auto_k_falls_back_when_the_draft_costs_as_much_as_the_target(
     machine."""
     from mlx_lm.models import llama
 
-    from specmlx.api import calibration
-    from specmlx.engine import decode
     from specmlx.engine.costs import CostProfile
 
     same_size = CostProfile(0.001, 0.001, {k: 1 + 0.05 * (k - 1) for k in range(1, 17)})
-    monkeypatch.setenv("SPECMLX_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(
-        calibration, "measure_costs", lambda target, draft, ks, reps, **timing: same_size
-    )
-    clock = CalibratedClock(same_size)
-    monkeypatch.setattr(decode, "time", clock)
-    call = llama.Model.__call__
-
-    def charged(model, inputs, *args, **kwargs):
-        clock.charge(inputs.shape[-1])
-        return call(model, inputs, *args, **kwargs)
-
-    monkeypatch.setattr(llama.Model, "__call__", charged)
+    clock = calibrated_clock(monkeypatch, same_size, llama.Model, tmp_path)
     target, draft = str(tiny_dirs["llama"]), str(tiny_dirs["llama-draft"])
     auto = invoke(
         "generate", "hi", "--target", target, "--draft", draft, "--json", "--max-tokens", "24"

@@ -34,6 +34,7 @@ from specmlx.engine.cache import Sequence
 from specmlx.engine.features import backbone
 from specmlx.engine.sampling import SamplingConfig, warp
 from specmlx.heads.mtp import FAMILIES, _converted, load_mtp, target_features
+from tests.clock import calibrated_clock
 from tests.tiny import ARCHS
 from tests.tiny_deepseek import DEEPSEEK, MTP, make_deepseek_dir, mtp_layers_dropped
 from tests.tiny_deepseek import released_mtp as released_deepseek_mtp
@@ -491,10 +492,24 @@ def test_sampling_keeps_the_target_distribution(dirs, name):
     assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 0.01
 
 
-def test_auto_k_prices_mtp_and_decodes_plainly_where_it_does_not_pay(dirs):
+def test_auto_k_prices_mtp_and_decodes_plainly_where_it_does_not_pay(dirs, tmp_path, monkeypatch):
     """-k auto prices each drafted token at the MTP layer's measured c; it drafts ever
     longer chains where every draft is kept, and falls back to plain decoding where none is
-    (random MTP weights), probing now and then."""
+    (random MTP weights), probing now and then. The costs are set (memory-bound verify
+    calls, c = 0.05) and the loop's clock follows them: a timed calibration of tiny models
+    on a loaded machine could price drafting out everywhere."""
+    from mlx_lm.models import qwen3_next
+
+    from specmlx.api import methods
+    from specmlx.engine.costs import CostProfile
+
+    cheap_rows = CostProfile(0.001, 0.001, {k: 1 + 0.05 * (k - 1) for k in range(1, 17)})
+    clock = calibrated_clock(monkeypatch, cheap_rows, qwen3_next.Model, tmp_path)
+    monkeypatch.setattr(
+        methods,
+        "_proposal_costs",
+        lambda models, drafter, depths, reps=4: [0.05 * d for d in depths],
+    )
     steps = {}
     for name in ("exact", "qwen3_next"):
         models = load(str(dirs[name]), progress=False)
@@ -502,7 +517,8 @@ def test_auto_k_prices_mtp_and_decodes_plainly_where_it_does_not_pay(dirs):
         session = Session(models, GenerationConfig(method="mtp", max_tokens=48))
         steps[name] = list(session.steps(ids))
         c = session.policy(SamplingConfig()).pricing.c
-        assert c == pytest.approx(session.drafter.traits.token_cost) and c > 0
+        assert c == pytest.approx(session.drafter.traits.token_cost) == pytest.approx(0.05)
+    assert clock.now > 0  # the target's calls went through the clock
     assert sum(s.n_accepted for s in steps["exact"]) >= 24
     assert max(s.k for s in steps["exact"]) >= 3
     assert sum(s.plain for s in steps["qwen3_next"][-16:]) >= 12
