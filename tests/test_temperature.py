@@ -152,7 +152,7 @@ def test_training_fits_and_records_the_heads_temperatures(models, data_dir, tmp_
     assert json.loads((tmp_path / "b" / "config.json").read_text())["temperatures"] == []
 
 
-def test_eval_heads_fits_the_temperatures_of_heads_trained_without(models, data_dir, tmp_path):  # noqa: F811
+def test_eval_heads_applies_the_temperatures_training_recorded(models, data_dir, tmp_path):  # noqa: F811
     """`eval-heads --fit-temperatures` applies the temperatures training recorded (the
     same fit), written to config.json alone (the weights untouched)."""
     from typer.testing import CliRunner
