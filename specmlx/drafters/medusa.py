@@ -8,7 +8,9 @@ tokens' probabilities under their heads; the tree is the `tree_size - 1` best pa
 most min(k, K) tokens. Scores only shrink along a path, so the best paths form a tree: a
 best-first search from the root finds them, parents before children.
 
-The heads are stateless, so there is nothing to rewind in `commit`.
+Sized by costs, a tree's scores are first corrected by how far the target's tokens went along
+earlier proposals' candidates, depth by depth (`specmlx.drafters.calibration`). The heads
+are stateless, so there is nothing to rewind in `commit`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from specmlx.drafters.calibration import DepthCalibration
 from specmlx.drafters.eagle import best_tree_size
 from specmlx.engine.features import FeatureSpec
 from specmlx.engine.sampling import SamplingConfig
@@ -61,6 +64,8 @@ class MedusaDrafter:
         # Given the target's verify costs, each proposal keeps only the nodes that pay for
         # their verification (`best_tree_size`, the paths' scores as acceptance estimates).
         self.verify_cost, self.step_cost = verify_cost, step_cost
+        # The scores that size trees, corrected by how far the target went along them.
+        self.calibration = DepthCalibration(heads.config.num_heads)
         self.chains = chains
         self.width = 1 if chains else min(width, heads.config.draft_vocab)
         self.traits = DrafterTraits(
@@ -83,6 +88,8 @@ class MedusaDrafter:
         assert target is not None, "propose before prefill"
         n_cached = len(target.tokens)
         assert n_cached == len(context) - 1, "the target must hold the context but its last token"
+        if self.verify_cost is not None:
+            self.calibration.observe(context)
         if n_cached == 0:
             return Draft(mx.array([], mx.uint32), tree=Tree(()))  # nothing to read: plain step
         newest = target.feature_rows(n_cached - 1)[0]  # (F,) it predicted context[-1]
@@ -92,6 +99,7 @@ class MedusaDrafter:
         builder, scores = self._best_paths(host[:k], host[k:])
         n = len(builder.tokens)
         if self.verify_cost is not None:
+            scores = self.calibration.calibrated(context, builder.parents, builder.tokens, scores)
             n = best_tree_size(scores, self.verify_cost, self.step_cost)
         # Nodes came best first, parents before children: any prefix of them is a tree.
         tree = None if self.chains else Tree(tuple(builder.parents[:n]))  # width 1: a chain
