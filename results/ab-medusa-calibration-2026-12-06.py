@@ -6,9 +6,9 @@ one process, order rotated per prompt. Run from the repository root, OpenBLAS pr
       qwen2.5-coder-1.5b models/heads/qwen2.5-coder-1.5b-medusa medusa 2 \
       code,extract,chat,creative ab-qwen.json
 
-(The SmolLM2 blocks: smollm2-135m models/heads/smollm2-135m-medusa,models/heads/smollm2-135m-eagle3
-medusa 3 ...; the 'eagle' rows need the EagleDrafter wired to DepthCalibration, as it was
-while measuring, and 'bin'/'calprior' an experimental variant that did not land.)
+(SmolLM2: smollm2-135m models/heads/smollm2-135m-medusa medusa 3 ...; the first two SmolLM2
+blocks' 'eagle' rows ran with the EagleDrafter wired to DepthCalibration, as it was while
+measuring, and 'bin'/'calprior' with an experimental variant; neither landed.)
 """
 
 import collections

@@ -29,27 +29,41 @@ def test_scores_stand_until_evidence_comes():
     calibration = DepthCalibration(3)
     assert calibration.ratios() == [1.0, 1.0, 1.0]
     # Capped at 1 and at the parent's score, nothing else changes.
-    assert calibration.calibrated([1, 2], [0, 1, 0], [5, 6, 7], [0.5, 0.6, 1.2]) == [0.5, 0.5, 1.0]
+    assert calibration.scaled([0, 1, 0], [0.5, 0.6, 1.2]) == [0.5, 0.5, 1.0]
+
+
+def test_scaled_nodes_come_best_first_parents_before_children():
+    """Deep levels cut more than shallow ones reorder the nodes: a prefix of the heads' own
+    order would verify a deep node before a better sibling of its root."""
+    calibration = DepthCalibration(3)
+    calibration.ratios = lambda: [1.0, 0.3, 0.3]
+    # a (0.6) -> b (0.6) -> c (0.5), then d (0.3) and e (0.25) under the root
+    parents, tokens, scores = calibration.best_first(
+        [0, 1, 2, 0, 0], [10, 11, 12, 13, 14], [0.6, 0.6, 0.5, 0.3, 0.25]
+    )
+    assert tokens == [10, 13, 14, 11, 12]  # a, d, e, b, c
+    assert parents == [0, 0, 0, 1, 4]  # b under a (node 1), c under b (node 4)
+    assert scores == pytest.approx([0.6, 0.3, 0.25, 0.18, 0.15])
 
 
 def test_a_proposal_waits_for_the_tokens_that_settle_it():
     calibration = DepthCalibration(3)
-    calibration.calibrated([1, 2], *CHAIN)
+    calibration.remember([1, 2], *CHAIN)
     calibration.observe([1, 2, 7, 8])  # along the chain, two levels of three: not settled
     assert calibration.predicted == [0.0, 0.0, 0.0]
     calibration.observe([1, 2, 7, 8, 9])  # the whole chain
     assert calibration.predicted == pytest.approx([0.9, 0.8, 0.7])
     assert calibration.reached == [1.0, 1.0, 1.0]
-    calibration.calibrated([1, 2, 7, 8, 9], *CHAIN)
+    calibration.remember([1, 2, 7, 8, 9], *CHAIN)
     calibration.observe([1, 2, 7, 8, 9, 7, 5])  # left the chain at its second level
     assert calibration.reached == pytest.approx([0.95 + 1, 0.95, 0.95])
 
 
 def test_another_requests_context_is_no_evidence():
     calibration = DepthCalibration(3)
-    calibration.calibrated([1, 2], *CHAIN)
+    calibration.remember([1, 2], *CHAIN)
     calibration.observe([3, 4, 7, 8, 9])  # another prompt, whose next tokens match the chain
-    assert calibration.predicted == [0.0, 0.0, 0.0] and not calibration._pending
+    assert calibration.predicted == [0.0, 0.0, 0.0] and calibration.pending == 0
 
 
 @pytest.mark.parametrize("kept", [0.0, 0.5, 1.0])
@@ -60,10 +74,10 @@ def test_the_ratio_comes_to_the_share_the_target_kept(kept):
     context = [1, 2]
     for step in range(200):
         calibration.observe(context)
-        calibration.calibrated(context, [0], [7], [0.9])
+        calibration.remember(context, [0], [7], [0.9])
         context.append(7 if (step * kept) % 1 + kept >= 1 else 5)
     calibration.observe(context)
-    [score] = calibration.calibrated(context, [0], [7], [0.9])
+    [score] = calibration.scaled([0], [0.9])
     assert score == pytest.approx(kept, abs=0.05)
 
 
@@ -73,11 +87,14 @@ def test_overconfident_trees_shrink_to_what_pays():
     cost = lambda n: 1.0 + 0.3 * (n - 1)  # noqa: E731
     calibration = DepthCalibration(3)
     context = [1, 2]
-    first = best_tree_size(calibration.calibrated(context, *CHAIN), cost, 0.0)
+    parents, tokens, scores = CHAIN
+    first = best_tree_size(calibration.scaled(parents, scores), cost, 0.0)
+    calibration.remember(context, *CHAIN)
     for _ in range(20):
         context.append(5)
         calibration.observe(context)
-        last = best_tree_size(calibration.calibrated(context, *CHAIN), cost, 0.0)
+        last = best_tree_size(calibration.scaled(parents, scores), cost, 0.0)
+        calibration.remember(context, *CHAIN)
     assert first == 3 and last == 0
 
 
@@ -94,13 +111,15 @@ def llama(loaded):
 
 
 def sizes_of(drafter, model, ids, plain):
-    """Tree sizes per proposal at fixed k = 3; the output must be plain greedy's."""
+    """Tree sizes per proposal at fixed k = 3; the output must be plain greedy's, and the
+    proposals waiting to be settled never more than the heads' depth allows."""
     sizes = []
     propose = drafter.propose
 
     def recording(context, k, sampling, stop=None):
         draft = propose(context, k, sampling, stop)
         sizes.append(draft.size)
+        assert drafter.calibration.pending <= drafter.heads.config.num_heads + 1
         return draft
 
     drafter.propose = recording

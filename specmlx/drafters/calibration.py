@@ -5,8 +5,8 @@ A node's score is its guess at its chance of being accepted, and cost-sized tree
 scores the product of its heads' probabilities, each head guessing its own position from the
 same hidden state, and heads trained on little data guess well where they were trained and
 overconfidently elsewhere: the Qwen 1.5B target's heads, trained mostly on code, put 1.6×
-more mass on their first token in chat than the target then kept and 6× more at the third,
-so chat paid for trees that lost. `DepthCalibration` learns, per depth, how much of what
+more mass at their first depth in chat than the target's tokens then reached and 7× more at
+the third, so chat paid for trees that lost. `DepthCalibration` learns, per depth, how much of what
 the scores predicted the target's tokens reached, and scales the scores by it before the
 tree is sized.
 
@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-# Each resolved proposal's weight fades by this much per later one: about 20 proposals of
-# memory, a response's worth of steps.
+# Each settled proposal's weight fades by this much per proposal settled after it: about 20
+# proposals of memory, a response's worth of speculative steps.
 FADE = 0.95
 # The evidence a correction starts from, as predicted mass that was kept in full: without
 # evidence the scores stand as the heads give them.
@@ -60,8 +60,9 @@ def node_depths(parents: tuple[int, ...] | list[int]) -> list[int]:
 class DepthCalibration:
     """Per-depth ratios of what the target's tokens reached to what the scores predicted.
 
-    `observe(context)` before each proposal resolves earlier ones; `calibrated(...)` returns
-    a proposal's scores scaled by its depths' ratios and remembers the proposal.
+    Before each proposal `observe(context)` settles earlier ones; `best_first(...)` orders a
+    proposal's nodes by their scores scaled by their depths' ratios (what sizes the tree),
+    and `remember(...)` keeps its raw scores for when the context has gone on past it.
     """
 
     def __init__(self, max_depth: int, fade: float = FADE, pseudo_mass: float = PSEUDO_MASS):
@@ -71,6 +72,11 @@ class DepthCalibration:
         self.reached = [0.0] * max_depth  # faded counts of proposals the target reached it in
         self._pending: deque[_Proposal] = deque()
 
+    @property
+    def pending(self) -> int:
+        """Proposals remembered and not yet settled."""
+        return len(self._pending)
+
     def ratios(self) -> list[float]:
         """Reached over predicted, by depth (1.0 before any evidence)."""
         return [
@@ -78,17 +84,38 @@ class DepthCalibration:
             for predicted, reached in zip(self.predicted, self.reached, strict=True)
         ]
 
-    def calibrated(
-        self, context: list[int], parents: list[int], tokens: list[int], scores: list[float]
-    ) -> list[float]:
+    def scaled(self, parents: list[int], scores: list[float]) -> list[float]:
         """`scores` (one per node, parents first) scaled by their depths' ratios, at most 1
         and at most the parent's: a node is never likelier than the path to it."""
-        depths = node_depths(parents)
         ratios = self.ratios()
         out: list[float] = []
-        for parent, depth, score in zip(parents, depths, scores, strict=True):
+        for parent, depth, score in zip(parents, node_depths(parents), scores, strict=True):
             value = min(score * ratios[min(depth, self.max_depth) - 1], 1.0)
             out.append(value if parent == 0 else min(value, out[parent - 1]))
+        return out
+
+    def best_first(
+        self, parents: list[int], tokens: list[int], scores: list[float]
+    ) -> tuple[list[int], list[int], list[float]]:
+        """The nodes reordered by their scaled scores, best first, as (parents, tokens,
+        scores) in TreeBuilder's numbering: any prefix is a tree, as `best_tree_size` needs.
+        Scaling cuts deep levels more than shallow ones where the heads overreach, so the
+        heads' own order no longer ranks the nodes. A stable sort keeps a parent before its
+        children: a child's scaled score is at most its parent's, and on a tie the parent
+        came first."""
+        values = self.scaled(parents, scores)
+        order = sorted(range(len(values)), key=lambda i: -values[i])
+        renumbered = {0: 0} | {old + 1: new + 1 for new, old in enumerate(order)}
+        return (
+            [renumbered[parents[i]] for i in order],
+            [tokens[i] for i in order],
+            [values[i] for i in order],
+        )
+
+    def remember(
+        self, context: list[int], parents: list[int], tokens: list[int], scores: list[float]
+    ) -> None:
+        """Keep a proposal's candidates and raw scores, proposed after `context`."""
         position = len(context)
         self._pending.append(
             _Proposal(
@@ -99,7 +126,11 @@ class DepthCalibration:
                 tuple(scores),
             )
         )
-        return out
+
+    def forget(self) -> None:
+        """Drop the unsettled proposals: a new response starts (in a chat, the next turn's
+        context goes on past the last answer with template tokens the heads never guessed)."""
+        self._pending.clear()
 
     def observe(self, context: list[int]) -> None:
         """Learn from every remembered proposal the context now settles: the target's tokens
@@ -127,10 +158,10 @@ class DepthCalibration:
             children.setdefault((parent, token), index + 1)
         node, depth = 0, 0
         for token in following:
-            nxt = children.get((node, token))
-            if nxt is None:
+            child = children.get((node, token))
+            if child is None:
                 return depth, True
-            node, depth = nxt, depth + 1
+            node, depth = child, depth + 1
         deeper = any(parent == node for parent in proposal.parents)
         return depth, not deeper or depth >= self.max_depth
 

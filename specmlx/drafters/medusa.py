@@ -80,6 +80,7 @@ class MedusaDrafter:
 
     def prefill(self, context: list[int], target: Sequence) -> None:
         self._target = target  # its newest feature row is read at every proposal
+        self.calibration.forget()  # a new response: the last one's open proposals are no guide
 
     def propose(
         self, context: list[int], k: int, sampling: SamplingConfig, stop: StopRule | None = None
@@ -97,13 +98,14 @@ class MedusaDrafter:
         ids, probs = self.heads.top_candidates(newest, self.width, k)  # (k, width)
         host = mx.concatenate([ids.astype(mx.float32), probs]).tolist()  # the one sync here
         builder, scores = self._best_paths(host[:k], host[k:])
-        n = len(builder.tokens)
+        parents, tokens, n = builder.parents, builder.tokens, len(builder.tokens)
         if self.verify_cost is not None:
-            scores = self.calibration.calibrated(context, builder.parents, builder.tokens, scores)
+            self.calibration.remember(context, parents, tokens, scores)
+            parents, tokens, scores = self.calibration.best_first(parents, tokens, scores)
             n = best_tree_size(scores, self.verify_cost, self.step_cost)
-        # Nodes came best first, parents before children: any prefix of them is a tree.
-        tree = None if self.chains else Tree(tuple(builder.parents[:n]))  # width 1: a chain
-        return Draft(mx.array(builder.tokens[:n], mx.uint32), tree=tree)
+        # Nodes come best first, parents before children: any prefix of them is a tree.
+        tree = None if self.chains else Tree(tuple(parents[:n]))  # width 1: a chain
+        return Draft(mx.array(tokens[:n], mx.uint32), tree=tree)
 
     def _best_paths(
         self, ids: list[list[float]], probs: list[list[float]]
