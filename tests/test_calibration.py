@@ -128,9 +128,9 @@ def sizes_of(drafter, model, ids, plain):
     return sizes
 
 
-def guesses(rows: list[list[int]], prob: float) -> tuple[mx.array, mx.array]:
-    """Each head's one candidate (`rows[i]`, width 1) at probability `prob`. # (K, 1)"""
-    return mx.array(rows, mx.int32)[:, None], mx.full((len(rows), 1), prob)
+def guesses(picks: list[int], prob: float) -> tuple[mx.array, mx.array]:
+    """Each head's one candidate (`picks[i]`, width 1) at probability `prob`. # (K, 1)"""
+    return mx.array(picks, mx.int32)[:, None], mx.full((len(picks), 1), prob)
 
 
 @pytest.mark.parametrize("right", [False, True])

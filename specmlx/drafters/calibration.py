@@ -6,16 +6,16 @@ scores the product of its heads' probabilities, each head guessing its own posit
 same hidden state, and heads trained on little data guess well where they were trained and
 overconfidently elsewhere: the Qwen 1.5B target's heads, trained mostly on code, put 1.6×
 more mass at their first depth in chat than the target's tokens then reached and 7× more at
-the third, so chat paid for trees that lost. `DepthCalibration` learns, per depth, how much of what
-the scores predicted the target's tokens reached, and scales the scores by it before the
-tree is sized.
+the third, so chat paid for trees that lost. `DepthCalibration` learns, per depth, how much
+of what the scores predicted the target's tokens reached, and scales the scores by it before
+the tree is sized.
 
 Its evidence is free: each proposal's candidates (all the drafter ranked, not only those it
 kept) are remembered, and once the context has gone on far enough past them (through any
 mix of speculative and plain steps) the depth the target's tokens reach through them is
 read off the context. No model runs for it; at T > 0 the context's sampled tokens stand for
 acceptance, which is what the sizing needs (the verification rule is untouched, so the
-output stays exactly the target's whatever the scores). Sums fade per proposal, so the
+output stays exactly the target's whatever the scores). Sums fade per settled proposal, so the
 correction follows the text (code, then prose) within a few dozen steps; a pseudo-count
 keeps the heads' own scores until evidence comes.
 
