@@ -450,3 +450,19 @@ def test_a_proposal_is_priced_at_the_levels_it_grows():
     assert step(7, levels=4) - step(7, levels=1) == pytest.approx(0.3)
     # An empty proposal paid for its levels too.
     assert step(7, offered=0.0, levels=2) == pytest.approx(0.25 + profile.verify_cost(1))
+
+
+def test_an_empty_proposal_is_priced_apart_from_the_drafts():
+    """What trees cost beyond their calibration (mostly the calibration's error at their
+    size) is no guide to an empty proposal, a one-token call: its estimate leans on the
+    calibration until it is measured, and its own measurements do not move the trees'."""
+    learned = LearnedCosts()
+    for _ in range(30):
+        learned.observe_overhead(8, -0.3)  # 8-token calls ran cheaper than calibrated
+    assert learned.overhead_at(8) == pytest.approx(-0.3, abs=0.02)
+    assert learned.overhead_at(1) == 0.0
+    for _ in range(30):
+        learned.observe_overhead(1, 0.02)
+    assert learned.overhead_at(1) == pytest.approx(0.02, abs=0.005)
+    assert learned.overhead_at(8) == pytest.approx(-0.3, abs=0.02)
+
