@@ -465,4 +465,3 @@ def test_an_empty_proposal_is_priced_apart_from_the_drafts():
         learned.observe_overhead(1, 0.02)
     assert learned.overhead_at(1) == pytest.approx(0.02, abs=0.005)
     assert learned.overhead_at(8) == pytest.approx(-0.3, abs=0.02)
-
