@@ -44,7 +44,9 @@ STEP_COSTS = {
 def collect(target: str, heads: str, per_suite: int) -> tuple[list[dict], object]:
     models = load(target, None, heads=[heads], default_draft=False)
     greedy = SamplingConfig(temperature=0.0)
-    session = Session(models, GenerationConfig(method="medusa", k=4, max_tokens=64, sampling=greedy))
+    session = Session(
+        models, GenerationConfig(method="medusa", k=4, max_tokens=64, sampling=greedy)
+    )
     drafter = session.drafter
     records: list[dict] = []
     suite = [""]
@@ -54,10 +56,13 @@ def collect(target: str, heads: str, per_suite: int) -> tuple[list[dict], object
         before = list(self._pending)
         observe(self, context)
         for p in before:
-            if p in self._pending or tuple(context[max(0, p.position - len(p.tail)) : p.position]) != p.tail:
+            if (
+                p in self._pending
+                or tuple(context[max(0, p.position - len(p.tail)) : p.position]) != p.tail
+            ):
                 continue
             children = {}
-            for i, (parent, token) in enumerate(zip(p.parents, p.tokens)):
+            for i, (parent, token) in enumerate(zip(p.parents, p.tokens, strict=True)):
                 children.setdefault((parent, token), i + 1)
             on_path, node = set(), 0
             for token in context[p.position : p.position + self.max_depth]:
@@ -66,7 +71,9 @@ def collect(target: str, heads: str, per_suite: int) -> tuple[list[dict], object
                     break
                 on_path.add(node)
             reached = [int(i + 1 in on_path) for i in range(len(p.tokens))]
-            records.append(dict(suite=suite[0], parents=list(p.parents), score=list(p.scores), reached=reached))
+            records.append(
+                dict(suite=suite[0], parents=list(p.parents), score=list(p.scores), reached=reached)
+            )
 
     C.DepthCalibration.observe = recording
     for suite[0] in SUITES:
@@ -106,7 +113,12 @@ def replay(records, drafter, measured, margin=0.0, offered=False, oracle=False):
         values = [min(v * factor, 1.0) for v in values]
         order = sorted(range(len(values)), key=lambda i: -values[i])
         if oracle:
-            n = sized([values[i] for i in order], lambda m: true_cost(m) - drafter.step_cost, drafter.step_cost, margin)
+            n = sized(
+                [values[i] for i in order],
+                lambda m: true_cost(m) - drafter.step_cost,
+                drafter.step_cost,
+                margin,
+            )
         else:
             n = sized([values[i] for i in order], drafter.verify_cost, drafter.step_cost, margin)
         kept = sum(r["reached"][i] for i in order[:n])
@@ -117,7 +129,9 @@ def replay(records, drafter, measured, margin=0.0, offered=False, oracle=False):
         evidence = order[:n] if n else order[:1]
         predicted = predicted * 0.95 + sum(values[i] / factor for i in evidence)
         reached_sum = reached_sum * 0.95 + sum(r["reached"][i] for i in evidence)
-        proposal = C._Proposal(0, (), tuple(r["parents"]), tuple(range(len(r["parents"]))), tuple(r["score"]))
+        proposal = C._Proposal(
+            0, (), tuple(r["parents"]), tuple(range(len(r["parents"]))), tuple(r["score"])
+        )
         calibration._learn(proposal, sum(r["reached"]))
     return totals
 
