@@ -4,9 +4,16 @@ The target answers each suite's prompts with the Medusa heads at k=4 (every step
 every proposal's candidates (raw scores, tree) and which of them the target's tokens then
 went through are recorded. The replay feeds them, in order, to a fresh `DepthCalibration`
 and sizes each tree by a rule; a tree of n nodes yields 1 + the nodes on the target's path
-among them, and costs what a step of its size cost in the same-day A/Bs (medians, in plain
-steps; SmolLM2: results/ab-medusa-calibration-2026-12-06.txt's harness, Qwen likewise).
-Prints tokens per unit of time (1.0: plain decoding) and τ per suite, per rule:
+among them, and costs what a step of its size cost in the same-day A/Bs (the medians of
+their step logs, which the A/B harness writes to its JSON output and which are not kept
+here: SmolLM2 from the third run of results/ab-medusa-calibration-2026-12-06.txt, Qwen from
+its Qwen run; in plain steps, the target alone's median step). Prints tokens per unit of
+time (1.0: plain decoding) and τ per suite, per rule.
+
+Caveats: the replay learns from each proposal as soon as it is made, where the drafter
+learns once the context has gone past it (a step or two later); proposals still open when an
+answer ends are not recorded; and every rule sees the proposals at the positions of the run
+that made them, so a rule that keeps more never moves the later ones. Rules:
 
 - current: the depth correction, `best_tree_size` on the calibrated v(n) (what ships);
 - margin05 / margin10: a tree must promise 5% / 10% more tokens per time than the plain call;
@@ -98,6 +105,7 @@ def sized(probs, cost, step_cost, min_gain=0.0):
 def replay(records, drafter, measured, margin=0.0, offered=False, oracle=False):
     def true_cost(m):
         sizes = sorted(measured)
+        m = min(m, sizes[-1])  # trees are capped at the largest calibrated call (16)
         if m in measured:
             return measured[m]
         low = max(k for k in sizes if k < m)

@@ -11,6 +11,7 @@ import pytest
 from specmlx.engine.costs import CostProfile
 from specmlx.engine.policy import AdaptiveK, FixedK, LearnedCosts
 from specmlx.engine.policy.estimators import AcceptanceRates, Decaying, expectations
+from specmlx.engine.policy.pricing import Pricing
 from specmlx.engine.step import DrafterTraits, Step
 
 UNIT = 0.5  # seconds of a calibrated one-token target call
@@ -465,3 +466,24 @@ def test_an_empty_proposal_is_priced_apart_from_the_drafts():
         learned.observe_overhead(1, 0.02)
     assert learned.overhead_at(1) == pytest.approx(0.02, abs=0.005)
     assert learned.overhead_at(8) == pytest.approx(-0.3, abs=0.02)
+
+
+def test_a_step_mixes_an_offered_draft_and_an_empty_proposal():
+    """A proposal offers a draft with chance `offered`, else it is an empty proposal: for a
+    chain (heads on a target that verifies no trees) the draft, when offered, is the
+    expected length over `offered` long, and each part carries its own overhead."""
+    learned = LearnedCosts()
+    for _ in range(30):
+        learned.observe_overhead(5, -0.3)
+        learned.observe_overhead(1, 0.03)
+    profile = memory_bound()
+    chain = Pricing(profile, learned, False, None, lambda levels: 0.05)
+    offered, drafted = 0.6, 0.6 * 4.0  # 4 tokens when offered
+    draft = 0.05 + profile.verify_cost(5) + learned.overhead_at(5)
+    empty = 0.05 + 1.0 + learned.overhead_at(1)
+    expected = offered * draft + (1 - offered) * empty
+    assert chain.step(drafted, offered) == pytest.approx(expected)
+    assert chain.step(0.0, 0.0) == pytest.approx(empty)
+    tree = Pricing(profile, learned, False, 8, lambda levels: 0.05)
+    draft = 0.05 + profile.verify_cost(8) + learned.overhead_at(8)
+    assert tree.step(3.0, offered) == pytest.approx(offered * draft + (1 - offered) * empty)

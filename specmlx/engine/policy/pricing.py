@@ -18,7 +18,8 @@ run (docs/adaptive-k.md):
   calibration taken while something else ran, is priced as it runs.
 - overhead: what a speculative step costs beyond its modelled calls at that speed (host
   syncs, sampling, kernels a GPU builds for a new shape, a calibration point that was off),
-  per number of tokens verified, each size leaning on the mean over all sizes.
+  per number of tokens verified, each size leaning on the mean over all sizes (a proposal
+  that came back empty, one token verified, leans on the calibration's 0 instead).
 
 `LearnedCosts` lives with the loaded models (`specmlx.api.models.Models`), keyed by drafter kind and
 sampler, so a response starts from what earlier ones measured.
@@ -73,7 +74,7 @@ class LearnedCosts:
         if size > 1:
             self.overhead.observe(excess)  # an empty proposal is no guide to a draft's
         for own in self.by_size.values():
-            own.age()  # a size no longer drafted leans back on the pooled overhead
+            own.age()  # a size no longer drafted leans back on its prior
         self.by_size.setdefault(size, Decaying(COST_DECAY, SIZE_PRIOR_WEIGHT)).add(excess)
 
     def overhead_at(self, size: float) -> float:
@@ -84,7 +85,8 @@ class LearnedCosts:
         overhead is mostly the calibration's error at its size (v(n) timed dearer or
         cheaper than the loop runs it), which an empty proposal, a one-token call, does not
         share: leaning on the pooled -0.3 to -0.4 of 8-token trees, an empty Medusa proposal
-        on SmolLM2-135M was priced at 0.6-0.7 of a plain step, where it costs 1.02-1.06."""
+        on SmolLM2-135M was priced at 0.6-0.8 of a plain step in a traced chat answer, where
+        it cost 1.0-1.07 in the A/Bs' step logs."""
         pooled = self.overhead.mean()
 
         def at(n: int) -> float:
@@ -140,13 +142,18 @@ class Pricing:
 
     def step(self, drafted: float, offered: float = 1.0, levels: int = 0) -> float:
         """A speculative step drafting `drafted` tokens (an expectation, maybe), at the
-        current speed, with its measured overhead. A tree drafter's proposal, `levels` deep,
-        offers a tree with chance `offered`; otherwise it paid for itself and a one-token
-        call."""
+        current speed, with its measured overhead. A proposal, `levels` deep, offers a
+        draft with chance `offered`; otherwise it paid for itself and a one-token call. A
+        tree's size does not depend on what it offers; a chain's expected length counts its
+        empty proposals as 0, so when offered it is `drafted / offered` long."""
+        empty = self.modelled(0, 1, levels) + self.learned.overhead_at(1)
+        if offered <= 0.0:
+            return max(self.speed * empty, 0.1 * self.speed)
+        if offered < 1.0 and self.tree_size is None:
+            drafted /= offered
         verified = self.verified(drafted)
         price = self.modelled(drafted, verified, levels) + self.learned.overhead_at(verified)
-        if self.tree_size is not None and offered < 1.0:
-            empty = self.modelled(0, 1, levels) + self.learned.overhead_at(1)
+        if offered < 1.0:
             price = offered * price + (1.0 - offered) * empty
         return max(self.speed * price, 0.1 * self.speed)
 
