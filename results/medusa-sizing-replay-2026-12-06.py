@@ -37,6 +37,7 @@ from specmlx.api.load import load
 from specmlx.api.session import Session
 from specmlx.bench.suites import load_suite
 from specmlx.drafters import calibration as C
+from specmlx.drafters.eagle import best_tree_size
 from specmlx.engine.sampling import SamplingConfig
 
 SUITES = ["code", "extract", "chat", "creative"]
@@ -92,14 +93,10 @@ def collect(target: str, heads: str, per_suite: int) -> tuple[list[dict], object
 
 
 def sized(probs, cost, step_cost, min_gain=0.0):
-    """`best_tree_size` with a margin over the plain call."""
-    best_n, best_rate, tokens = 0, (1.0 + min_gain) / (cost(1) + step_cost), 1.0
-    for n, p in enumerate(probs, start=1):
-        tokens += p
-        rate = tokens / (cost(n + 1) + step_cost)
-        if rate > best_rate:
-            best_n, best_rate = n, rate
-    return best_n
+    """`best_tree_size` with a margin over the plain call: the plain call's rate, the one
+    every tree must beat, raised by `min_gain` (its cost lowered to match)."""
+    plain = (cost(1) + step_cost) / (1.0 + min_gain) - step_cost
+    return best_tree_size(probs, lambda m: plain if m == 1 else cost(m), step_cost)
 
 
 def replay(records, drafter, measured, margin=0.0, offered=False, oracle=False):
