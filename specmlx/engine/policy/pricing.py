@@ -84,9 +84,9 @@ class LearnedCosts:
         leans on the calibration (0), not on the drafts' pooled overhead. A draft's
         overhead is mostly the calibration's error at its size (v(n) timed dearer or
         cheaper than the loop runs it), which an empty proposal, a one-token call, does not
-        share: leaning on the pooled -0.3 to -0.4 of 8-token trees, an empty Medusa proposal
-        on SmolLM2-135M was priced at 0.6-0.8 of a plain step in a traced chat answer, where
-        it cost 1.0-1.07 in the A/Bs' step logs."""
+        share: leaning on the pooled overhead of SmolLM2-135M's 8-token Medusa trees, which
+        ran well under their calibrated v(8), an empty proposal was priced below a plain
+        step, where it costs a plain step and the heads."""
         pooled = self.overhead.mean()
 
         def at(n: int) -> float:
@@ -146,11 +146,12 @@ class Pricing:
         draft with chance `offered`; otherwise it paid for itself and a one-token call. A
         tree's size does not depend on what it offers; a chain's expected length counts its
         empty proposals as 0, so when offered it is `drafted / offered` long."""
-        empty = self.modelled(0, 1, levels) + self.learned.overhead_at(1)
-        if offered <= 0.0:
-            return max(self.speed * empty, 0.1 * self.speed)
-        if offered < 1.0 and self.tree_size is None:
-            drafted /= offered
+        if offered < 1.0:
+            empty = self.modelled(0, 1, levels) + self.learned.overhead_at(1)
+            if offered <= 0.0:
+                return max(self.speed * empty, 0.1 * self.speed)
+            if self.tree_size is None:
+                drafted /= offered
         verified = self.verified(drafted)
         price = self.modelled(drafted, verified, levels) + self.learned.overhead_at(verified)
         if offered < 1.0:
