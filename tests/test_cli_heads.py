@@ -201,6 +201,9 @@ def test_task_prompts_are_answered_and_told_apart_from_their_answers(tiny_dirs, 
         (["--kind", "eagle", "--feature-noise", "nan"], "feature noise must be >= 0"),
         (["--feature-noise", "0.1"], "feature noise is for eagle heads"),
         (["--task-prompts", "4"], "--task-prompts are made from --files"),
+        (["--magpie", "many"], "--magpie takes N or N@MODEL, got 'many'"),
+        (["--magpie", "8@"], "--magpie takes N or N@MODEL, got '8@'"),
+        (["--magpie", "-1"], "--magpie takes N or N@MODEL, got '-1'"),
     ],
 )
 def test_train_heads_bad_input_is_one_line(tiny_dirs, tmp_path, extra, needle):

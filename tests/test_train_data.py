@@ -395,6 +395,43 @@ def test_magpie_prompts_come_from_the_user_prefix_and_are_kept(models, tmp_path,
     assert magpie.cached_magpie_prompts(models, tmp_path, 4, seed=0) == prompts
 
 
+def test_another_model_writes_magpie_prompts_kept_under_its_name(models, tmp_path, monkeypatch):
+    """`N@MODEL`: the writer is loaded and sampled from its own template's user prefix;
+    its prompts are kept in a file named after it, beside the target's own, and read back
+    without loading it again."""
+    import sys
+
+    import mlx_lm.generate  # noqa: F401 (the module, which mlx_lm's `generate` shadows)
+
+    import specmlx.api.load
+    from specmlx.training import magpie
+
+    draws = magpie.MagpieDraws.parse("3@models/chat/writer-1")
+    assert draws == magpie.MagpieDraws(3, "models/chat/writer-1")
+    assert draws.file_name(7) == "magpie-3-seed7-writer-1.jsonl"
+    assert magpie.MagpieDraws.parse("3").file_name(7) == "magpie-3-seed7.jsonl"
+    assert draws.record() == {"count": 3, "writer": "models/chat/writer-1"}
+    loaded = []
+
+    def load(reference, default_draft=True):
+        loaded.append((reference, default_draft))
+        return models
+
+    def batch_generate(model, tokenizer, prompts, max_tokens, return_token_ids, sampler):
+        assert prompts == [magpie.user_prefix(models.tokenizer)] * len(prompts)
+        ids = [models.tokenizer.encode(f"Question {i}", add_special_tokens=False) for i in (1, 2)]
+        return type("Answers", (), {"token_ids": ids[: len(prompts)]})
+
+    monkeypatch.setattr(specmlx.api.load, "load", load)
+    monkeypatch.setattr(sys.modules["mlx_lm.generate"], "batch_generate", batch_generate)
+    target = object()  # the target itself writes nothing here
+    kept = magpie.cached_magpie_prompts(target, tmp_path, 2, writer="chat/writer-1")
+    assert kept == ["Question 1", "Question 2"] and loaded == [("chat/writer-1", False)]
+    assert (tmp_path / "magpie-2-seed0-writer-1.jsonl").is_file()
+    assert magpie.cached_magpie_prompts(target, tmp_path, 2, writer="chat/writer-1") == kept
+    assert len(loaded) == 1  # read back, the writer not loaded again
+
+
 @pytest.mark.real
 def test_the_real_instruct_target_writes_distinct_prompts():
     from tests.test_real_loop import need

@@ -72,12 +72,14 @@ def train_heads(
         float, typer.Option(help="Temperature of the sampled answers (--samples above 1).")
     ] = 0.8,
     magpie: Annotated[
-        int,
+        list[str] | None,
         typer.Option(
+            metavar="N[@MODEL]",
             help="Also answer N prompts the target writes itself (Magpie: sampled from its "
-            "chat template's user prefix), kept in the data folder."
+            "chat template's user prefix), or N@MODEL: another instruct model writes them "
+            "(a coder target writes few chat turns). Repeatable; kept in the data folder.",
         ),
-    ] = 0,
+    ] = None,
     tasks: Annotated[
         int,
         typer.Option(
@@ -175,8 +177,11 @@ def train_heads(
         raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
     if tasks and not (files and self_distill):
         raise UsageError("--task-prompts are made from --files and answered: give --files")
-    if tasks < 0 or magpie < 0:
-        raise UsageError(f"need --task-prompts and --magpie >= 0, got {tasks}, {magpie}")
+    from specmlx.training.magpie import MagpieDraws
+
+    draws = [MagpieDraws.parse(text) for text in magpie or []]
+    if tasks < 0:
+        raise UsageError(f"need --task-prompts >= 0, got {tasks}")
     if prompts is not None and not prompts.is_file():
         raise UsageError(f"no such prompts file: {prompts}")
     from specmlx.training.objectives import OBJECTIVES
@@ -254,12 +259,18 @@ def train_heads(
 
         texts = _read_prompts(prompts) if prompts is not None else train_prompts()
         texts = texts[:limit] if limit is not None else texts
-        if magpie:
-            from specmlx.training.magpie import cached_magpie_prompts
+        for drawn in draws:
+            if drawn.count:
+                from specmlx.training.magpie import cached_magpie_prompts
 
-            texts = texts + cached_magpie_prompts(
-                models, data_dir, magpie, seed=seed, batch_size=max(batch_size, 32)
-            )
+                texts = texts + cached_magpie_prompts(
+                    models,
+                    data_dir,
+                    drawn.count,
+                    seed=seed,
+                    writer=drawn.writer,
+                    batch_size=max(batch_size, 32),
+                )
         if tasks:
             from specmlx.training.tasks import cached_task_prompts
 
@@ -289,8 +300,9 @@ def train_heads(
     assert corpus is not None
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
     origin = _origin(prompts if self_distill else None, self_distill, limit, files or [])
-    if magpie:
-        origin["magpie"] = magpie
+    records = [drawn.record() for drawn in draws if drawn.count]
+    if records:  # one count where the target wrote them all, as heads before writers say
+        origin["magpie"] = records[0] if len(records) == 1 else records
     if tasks:
         origin["task_prompts"] = tasks
     report = run_training(models, config, data_dir, out, resume=True, prompts=texts, origin=origin)

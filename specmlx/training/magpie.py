@@ -5,10 +5,15 @@ plausible user message: sampled many times, that is a set of prompts as varied a
 it was tuned on, where a fixed set of a few hundred is not. `magpie_prompts` samples them
 in batches and keeps each distinct non-empty one; `cached_magpie_prompts` keeps them in a
 file of the data folder, so a resumed run reads the same prompts rather than drawing again.
+
+Another instruct model may write them (`MagpieDraws.writer`): a small coder target writes
+few usable chat turns, a small chat model many, and the target answers them either way.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,35 @@ from specmlx.progress import progress_bar
 from specmlx.training.data import kept_prompts
 
 _MARK = "\x00specmlx-user-turn\x00"
+
+
+@dataclass(frozen=True)
+class MagpieDraws:
+    """`count` Magpie draws, written by `writer` (a model reference) or by the target."""
+
+    count: int
+    writer: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> MagpieDraws:
+        """`N` (the target writes) or `N@MODEL` (MODEL, another instruct model, writes)."""
+        count, _, writer = text.partition("@")
+        if not count.strip().isdigit() or (_ and not writer.strip()):
+            raise UsageError(f"--magpie takes N or N@MODEL, got {text!r}")
+        return cls(int(count), writer.strip() or None)
+
+    def file_name(self, seed: int) -> str:
+        """The data folder's file of these draws' prompts: the writer's name in it, made
+        safe for a file name (a model's folder or file by its last part)."""
+        name = f"magpie-{self.count}-seed{seed}"
+        if self.writer is not None:
+            last = Path(self.writer.rstrip("/")).name or self.writer
+            name += "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", last)
+        return name + ".jsonl"
+
+    def record(self) -> int | dict[str, Any]:
+        """As the heads' config records where their data came from."""
+        return self.count if self.writer is None else {"count": self.count, "writer": self.writer}
 
 
 def user_prefix(tokenizer: Any) -> list[int]:
@@ -76,9 +110,23 @@ def magpie_prompts(
 
 
 def cached_magpie_prompts(
-    models: Models, folder: Path, count: int, seed: int = 0, **options: Any
+    models: Models,
+    folder: Path,
+    count: int,
+    seed: int = 0,
+    writer: str | None = None,
+    **options: Any,
 ) -> list[str]:
-    """`magpie_prompts`, kept in `folder` (written whole or not at all) and read back from
+    """`magpie_prompts` of `models`' target, or of `writer` (loaded only when its prompts
+    are not kept yet), kept in `folder` (written whole or not at all) and read back from
     there on the next run."""
-    path = folder / f"magpie-{count}-seed{seed}.jsonl"
-    return kept_prompts(path, lambda: magpie_prompts(models, count, seed=seed, **options))
+    draws = MagpieDraws(count, writer)
+
+    def draw() -> list[str]:
+        if writer is None:
+            return magpie_prompts(models, count, seed=seed, **options)
+        from specmlx.api.load import load
+
+        return magpie_prompts(load(writer, default_draft=False), count, seed=seed, **options)
+
+    return kept_prompts(folder / draws.file_name(seed), draw)
