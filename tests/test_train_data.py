@@ -207,11 +207,22 @@ def counted(corpus: Corpus, made: list[int]) -> Corpus:
     return out
 
 
-def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
+def test_more_prompts_keep_the_answers_already_cached(models, tmp_path, monkeypatch):
     """Prompts appended to a cached run's (more task prompts, another session): the answers
     cached are kept and never made again, the shard where the new data departs is cut
-    short, and the result is the cache a fresh run of the new data makes. Fewer prompts
-    again: the answers they share stay. Other prompts first: refused."""
+    short, the pieces of files after the answers are read from the shards the change set
+    aside, not from the target, and the result is the cache a fresh run of the new data
+    makes. Fewer prompts again: the answers they share stay. Other prompts first: refused."""
+    from specmlx.training import data as data_module
+
+    read_by_target: list[int] = []  # lengths of the sequences the target read for features
+    target_features = data_module.target_features
+
+    def counting(model, tokens, spec, chunk=512):
+        read_by_target.append(len(tokens))
+        return target_features(model, tokens, spec, chunk)
+
+    monkeypatch.setattr(data_module, "target_features", counting)
     for i in range(4):
         (tmp_path / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 6)
 
@@ -227,8 +238,11 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     first = open_shards(grown, whole=True)
     assert any(s["sequences"] > 1 for s in first.index.shards)  # several sequences a shard
     made: list[int] = []
+    read_by_target.clear()
     cache_features(models, counted(large, made), spec, grown, shard_tokens=SHARD, progress=False)
     assert min(made) == 3  # the three answers cached stay; the fourth prompt's is made
+    assert read_by_target == []  # the piece of file moved after it: read from what was set aside
+    assert not (grown / ".set-aside").exists()  # dropped once the cache is whole
     after = open_shards(grown, whole=True)
     assert any("of" in s["file"] for s in after.index.shards)  # a shard cut short
     assert sorted(p.name for p in grown.glob("shard-*")) == sorted(
@@ -254,6 +268,53 @@ def test_more_prompts_keep_the_answers_already_cached(models, tmp_path):
     # Other prompts first: nothing of the cache begins that data.
     with pytest.raises(SpecmlxError, match="source"):
         cache_features(models, data(PROMPTS[1:]), spec, grown, progress=False)
+
+
+def test_what_growing_set_aside_outlives_a_ctrl_c_and_serves_only_its_features(
+    models, tmp_path, monkeypatch
+):
+    """Cut short while answering the new prompt, a grown cache keeps what it set aside: the
+    rerun reads the pieces of files from there. Set aside under other features (the run
+    after the Ctrl-C asks for layers), it is dropped and the target reads them."""
+    from specmlx.training import data as data_module
+
+    (tmp_path / "m.py").write_text("def f(x):\n    return x * 2\n" * 6)
+    read_by_target: list[int] = []
+    target_features = data_module.target_features
+
+    def counting(model, tokens, spec, chunk=512):
+        read_by_target.append(len(tokens))
+        return target_features(model, tokens, spec, chunk)
+
+    monkeypatch.setattr(data_module, "target_features", counting)
+
+    def data(prompts: list[str]) -> Corpus:
+        answers = generate_corpus(models, prompts, max_tokens=24, seed=0, batch_size=2)
+        return answers + file_corpus([tmp_path], models.tokenizer, max_tokens=200, seed=0)
+
+    def interrupted(corpus: Corpus, at: int) -> Corpus:
+        def featured(i: int, spec: FeatureSpec):
+            if i == at:
+                raise KeyboardInterrupt
+            return corpus.with_features(i, spec)
+
+        out = Corpus(corpus.source, len(corpus), corpus.__getitem__, featured)
+        out.leaves = corpus.leaves
+        return out
+
+    small, large = data(PROMPTS[:2]), data(PROMPTS[:3])
+    for spec_after in (FeatureSpec(), FeatureSpec((0, 1))):
+        folder = tmp_path / f"cache-{len(spec_after.layers)}"
+        cache_features(models, small, FeatureSpec(), folder, shard_tokens=60, progress=False)
+        with pytest.raises(KeyboardInterrupt):
+            cache_features(models, interrupted(large, 2), FeatureSpec(), folder, progress=False)
+        assert any((folder / ".set-aside").glob("shard-*"))
+        read_by_target.clear()
+        cache_features(models, large, spec_after, folder, shard_tokens=60, progress=False)
+        pieces = len(large) - answer_sequences(large.source)
+        # Layers: the two answers held are read again for them, and the pieces of files too.
+        assert len(read_by_target) == (2 + pieces if spec_after.layers else 0)
+        assert not (folder / ".set-aside").exists() and open_shards(folder, whole=True)
 
 
 def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkeypatch):

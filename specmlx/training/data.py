@@ -46,6 +46,7 @@ from specmlx.training.answers import Answered, answer_batch
 from specmlx.training.shards import (
     AGAIN,
     FeatureIndex,
+    SetAside,
     ShardWriter,
     cached_sequences,
     keep_grown,
@@ -510,6 +511,7 @@ def cache_features(
         shutil.rmtree(folder / AGAIN)
     _say_kept(keep_grown(folder, manifest, unchanged), folder, progress)
     writer = ShardWriter(folder, manifest, models, shard_tokens)
+    aside = SetAside(folder, manifest)  # what growing dropped, a piece of a file found again
     answered = [p for leaf in corpus.leaves for p in leaf.prompts or []]
     if answered:  # what the cache now answers: the next run's data is told against it
         write_answered(folder, answered)
@@ -519,11 +521,16 @@ def cache_features(
                 made = corpus.with_features(i, spec)  # the target's answers: as it answers
                 if made is None:
                     tokens = corpus[i]
-                    made = (tokens, *target_features(models.target, tokens, spec, chunk))
+                    made = aside.take(tokens) or (
+                        tokens,
+                        *target_features(models.target, tokens, spec, chunk),
+                    )
                 writer.add(*made)
                 bar.advance(f"{writer.n_tokens:,} tokens")
         finally:  # on Ctrl-C too: the sequences made so far go to a shard, a rerun goes on
             writer.close()
+    if writer.index.complete:
+        aside.clear()
     return open_shards(folder).index
 
 

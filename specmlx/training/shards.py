@@ -9,7 +9,10 @@ are layers' outputs, `final` float16 (n, hidden) the final hidden state too) and
 is written under a temporary name and renamed into place, so an interruption leaves the
 folder as it was after the last whole shard, and the next run continues from there. Data
 that grew (more file tokens, more prompts answered, another part after the others) keeps the
-sequences that still begin it (`keep_grown`): only the rest is made again. Features of other
+sequences that still begin it (`keep_grown`): only the rest is made again, and a sequence
+dropped there whose tokens come back later in the new data (a piece of a file after more
+answers) is read from the dropped shards, set aside in `.set-aside/` until the caching is
+whole (`SetAside`), not from the target again. Features of other
 layers for the same sequences are made beside them in `.features-again/` (a data folder of
 its own, so a Ctrl-C resumes it) and swapped in once whole (`swap_in`); a swap cut short is
 finished by whoever reads the folder next (`read_manifest`).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +36,10 @@ from specmlx.io.files import write_atomic
 
 MANIFEST, INDEX = "manifest.json", "index.json"
 AGAIN = ".features-again"  # in a data folder: new features of its sequences, being made
+ASIDE = ".set-aside"  # in a data folder: shards of sequences it dropped, until it is whole
+# What a sequence's features depend on besides its tokens: a set-aside shard serves only a
+# folder whose manifest agrees on all of them.
+SAME_FEATURES = ("fingerprint", "feature_layers", "width", "final", "chunk", "vocab_size")
 
 
 @dataclass
@@ -262,10 +270,88 @@ def keep_grown(
     write_json(folder / INDEX, asdict(grown))
     write_json(path, manifest)
     held = {shard["file"] for shard, _ in kept}
-    for shard in index.shards:
-        if shard["file"] not in held:
-            (folder / shard["file"]).unlink(missing_ok=True)
+    _set_aside(folder, saved, [s["file"] for s in index.shards if s["file"] not in held])
     return n, index.n_sequences
+
+
+def _set_aside(folder: Path, manifest: dict[str, Any], files: list[str]) -> None:
+    """Move the shards `files` of `folder` (made under `manifest`) to its `ASIDE` folder,
+    whose manifest goes first: a shard there is never read under another's. Shards set
+    aside under other features are dropped."""
+    aside = folder / ASIDE
+    saved = aside / MANIFEST
+    if aside.exists() and (
+        not saved.exists() or not _same_features(json.loads(saved.read_text()), manifest)
+    ):
+        shutil.rmtree(aside)
+    aside.mkdir(exist_ok=True)
+    if not saved.exists():
+        write_json(saved, manifest)
+    for name in files:
+        if not (folder / name).exists():
+            continue
+        target, n = aside / name, 0
+        while target.exists():  # set aside by an earlier change: both are kept
+            n += 1
+            target = aside / f"{name.removesuffix('.safetensors')}-{n}.safetensors"
+        os.replace(folder / name, target)
+
+
+def _same_features(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(key) == b.get(key) for key in SAME_FEATURES)
+
+
+class SetAside:
+    """The sequences `keep_grown` set aside in a data folder, found by their tokens: a
+    sequence of the new data whose tokens are known before the target reads them (a piece
+    of a file) takes its features from there. Shards set aside under other features than
+    `manifest`'s are dropped on opening; `clear` drops them all once the caching is whole."""
+
+    def __init__(self, folder: Path, manifest: dict[str, Any]):
+        self.folder = folder / ASIDE
+        saved = self.folder / MANIFEST
+        if self.folder.exists() and (
+            not saved.exists() or not _same_features(json.loads(saved.read_text()), manifest)
+        ):
+            shutil.rmtree(self.folder)
+        self._where: dict[bytes, tuple[str, int, int]] | None = None
+        self._open: tuple[str, dict[str, mx.array]] | None = None
+
+    def take(
+        self, tokens: list[int]
+    ) -> tuple[list[int], mx.array, mx.array, mx.array | None] | None:
+        """(tokens, features, nexts, final) of a set-aside sequence of these tokens, or None."""
+        if self._where is None:
+            self._where = self._index()
+        found = self._where.get(_key(tokens))
+        if found is None:
+            return None
+        name, start, end = found
+        if self._open is None or self._open[0] != name:
+            self._open = (name, mx.load(str(self.folder / name)))
+        arrays = self._open[1]
+        final = arrays["final"][start:end] if "final" in arrays else None
+        return tokens, arrays["features"][start:end], arrays["nexts"][start:end], final
+
+    def _index(self) -> dict[bytes, tuple[str, int, int]]:
+        where: dict[bytes, tuple[str, int, int]] = {}
+        if not self.folder.exists():
+            return where
+        for path in sorted(self.folder.glob("shard-*.safetensors")):
+            start = 0
+            for piece in _pieces(mx.load(str(path))):
+                where.setdefault(_key(piece), (path.name, start, start + len(piece)))
+                start += len(piece)
+        return where
+
+    def clear(self) -> None:
+        self._open = None
+        if self.folder.exists():
+            shutil.rmtree(self.folder)
+
+
+def _key(tokens: list[int]) -> bytes:
+    return np.asarray(tokens, np.int32).tobytes()
 
 
 def _cut(folder: Path, name: str, arrays: dict[str, mx.array], count: int) -> dict[str, Any]:
