@@ -471,7 +471,8 @@ def test_another_model_writes_magpie_prompts_kept_under_its_name(models, tmp_pat
     assert draws == magpie.MagpieDraws(3, "models/chat/writer-1")
     assert draws.file_name(7) == "magpie-3-seed7-writer-1.jsonl"
     assert magpie.MagpieDraws.parse("3").file_name(7) == "magpie-3-seed7.jsonl"
-    assert draws.record() == {"count": 3, "writer": "models/chat/writer-1"}
+    assert draws.record() == {"count": 3, "writer": "models/chat/writer-1"}  # as given
+    assert magpie.MagpieDraws(3, "/home/me/writer-1").record()["writer"] == "writer-1"
     loaded = []
 
     def load(reference, default_draft=True):

@@ -52,8 +52,12 @@ class MagpieDraws:
         return name + ".jsonl"
 
     def record(self) -> int | dict[str, Any]:
-        """As the heads' config records where their data came from."""
-        return self.count if self.writer is None else {"count": self.count, "writer": self.writer}
+        """As the heads' config records where their data came from: the writer as given (a
+        registry name), or by its folder's name, never this machine's full path."""
+        if self.writer is None:
+            return self.count
+        path = Path(self.writer)
+        return {"count": self.count, "writer": path.name if path.is_absolute() else self.writer}
 
 
 def user_prefix(tokenizer: Any) -> list[int]:
