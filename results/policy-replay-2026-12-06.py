@@ -17,7 +17,9 @@ restart (double-buffering); step costs are medians, the same in every suite.
 
 Variants (comma-separated): current; priorP (Medusa's prior first-position acceptance P in
 place of 0.6); fold (a response after the first counts the prior once: folded into what it
-carries). Run from the repository root, OpenBLAS preloaded:
+carries). A last argument `trace` prints each answer's steps (`.` plain, `e` an empty
+proposal, a digit the tokens a tree kept), from which the first chat answer's 47
+speculative steps are read. Run from the repository root, OpenBLAS preloaded:
 
   LD_PRELOAD=... .venv/bin/python results/policy-replay-2026-12-06.py smollm2-135m \
       models/heads/smollm2-135m-medusa 2 current,prior0.3,prior0.2,fold

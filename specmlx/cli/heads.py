@@ -177,7 +177,7 @@ def train_heads(
         raise UsageError(f"need samples >= 1 and temperature > 0, got {samples}, {temperature}")
     if tasks and not (files and self_distill):
         raise UsageError("--task-prompts are made from --files and answered: give --files")
-    from specmlx.training.magpie import MagpieDraws
+    from specmlx.training.magpie import MagpieDraws, cached_magpie_prompts
 
     draws = [MagpieDraws.parse(text) for text in magpie or []]
     if tasks < 0:
@@ -259,18 +259,15 @@ def train_heads(
 
         texts = _read_prompts(prompts) if prompts is not None else train_prompts()
         texts = texts[:limit] if limit is not None else texts
-        for drawn in draws:
-            if drawn.count:
-                from specmlx.training.magpie import cached_magpie_prompts
-
-                texts = texts + cached_magpie_prompts(
-                    models,
-                    data_dir,
-                    drawn.count,
-                    seed=seed,
-                    writer=drawn.writer,
-                    batch_size=max(batch_size, 32),
-                )
+        for drawn in (d for d in draws if d.count):
+            texts = texts + cached_magpie_prompts(
+                models,
+                data_dir,
+                drawn.count,
+                seed=seed,
+                writer=drawn.writer,
+                batch_size=max(batch_size, 32),
+            )
         if tasks:
             from specmlx.training.tasks import cached_task_prompts
 
@@ -301,7 +298,7 @@ def train_heads(
     cache_features(models, corpus, FeatureSpec(config.feature_layers), data_dir)
     origin = _origin(prompts if self_distill else None, self_distill, limit, files or [])
     records = [drawn.record() for drawn in draws if drawn.count]
-    if records:  # one count where the target wrote them all, as heads before writers say
+    if records:  # one draw as a value (heads before writers recorded a count), several a list
         origin["magpie"] = records[0] if len(records) == 1 else records
     if tasks:
         origin["task_prompts"] = tasks

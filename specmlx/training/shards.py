@@ -278,15 +278,10 @@ def _set_aside(folder: Path, manifest: dict[str, Any], files: list[str]) -> None
     """Move the shards `files` of `folder` (made under `manifest`) to its `ASIDE` folder,
     whose manifest goes first: a shard there is never read under another's. Shards set
     aside under other features are dropped."""
-    aside = folder / ASIDE
-    saved = aside / MANIFEST
-    if aside.exists() and (
-        not saved.exists() or not _same_features(json.loads(saved.read_text()), manifest)
-    ):
-        shutil.rmtree(aside)
+    aside = _aside_for(folder, manifest)
     aside.mkdir(exist_ok=True)
-    if not saved.exists():
-        write_json(saved, manifest)
+    if not (aside / MANIFEST).exists():
+        write_json(aside / MANIFEST, manifest)
     for name in files:
         if not (folder / name).exists():
             continue
@@ -297,8 +292,15 @@ def _set_aside(folder: Path, manifest: dict[str, Any], files: list[str]) -> None
         os.replace(folder / name, target)
 
 
-def _same_features(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(key) == b.get(key) for key in SAME_FEATURES)
+def _aside_for(folder: Path, manifest: dict[str, Any]) -> Path:
+    """`folder`'s `ASIDE` folder, dropped first where it holds shards of other features
+    than `manifest`'s (or no manifest of its own)."""
+    aside, saved = folder / ASIDE, folder / ASIDE / MANIFEST
+    if aside.exists():
+        held = json.loads(saved.read_text()) if saved.exists() else {}
+        if not saved.exists() or any(held.get(k) != manifest.get(k) for k in SAME_FEATURES):
+            shutil.rmtree(aside)
+    return aside
 
 
 class SetAside:
@@ -308,12 +310,7 @@ class SetAside:
     `manifest`'s are dropped on opening; `clear` drops them all once the caching is whole."""
 
     def __init__(self, folder: Path, manifest: dict[str, Any]):
-        self.folder = folder / ASIDE
-        saved = self.folder / MANIFEST
-        if self.folder.exists() and (
-            not saved.exists() or not _same_features(json.loads(saved.read_text()), manifest)
-        ):
-            shutil.rmtree(self.folder)
+        self.folder = _aside_for(folder, manifest)
         self._where: dict[bytes, tuple[str, int, int]] | None = None
         self._open: tuple[str, dict[str, mx.array]] | None = None
 
