@@ -13,7 +13,8 @@ and it yields its accepted nodes along the answer plus one. Prints tokens per un
 Caveats: the drafter sizes trees by the calibration timed when the target loads (figures
 move by up to 0.01 between processes; variants run in one process share it); a plain run
 costs 1 a step, where a real run that a speculative step interrupts pays about 0.06 more to
-restart (double-buffering); step costs are medians, the same in every suite.
+restart (double-buffering), charged per plain run by the variant part `restartR` (R of a call,
+e.g. `current+restart0.06`); step costs are medians, the same in every suite.
 
 Variants (comma-separated): current; priorP (Medusa's prior first-position acceptance P in
 place of 0.6); fold (a response after the first counts the prior once: folded into what it
@@ -113,7 +114,7 @@ def walk(draft, answer):
     return n
 
 
-def simulate(models, data, costs):
+def simulate(models, data, costs, restart=0.0):
     greedy = SamplingConfig(temperature=0.0)
     session = Session(
         models, GenerationConfig(method="medusa", k=None, max_tokens=MAX_TOKENS, sampling=greedy)
@@ -134,6 +135,7 @@ def simulate(models, data, costs):
                 plan = policy.choose()
                 room = len(answer) - produced - 1
                 if plan.k == 0:
+                    cost += restart  # the run's first call, not overlapped with a queued one
                     for _ in range(plan.run):
                         if produced >= len(answer):
                             break
@@ -223,12 +225,15 @@ def main():
         models.learned_costs.clear()
         MedusaDrafter.PRIOR_ACCEPTANCE = 0.6
         AcceptanceRates.carried = carried
+        restart = 0.0
         for part in variant.split("+"):
+            if part.startswith("restart"):
+                restart = float(part[7:])
             if part == "fold":
                 AcceptanceRates.carried = folded
             if part.startswith("prior"):
                 MedusaDrafter.PRIOR_ACCEPTANCE = float(part[5:])
-        res = simulate(models, data, STEP_COSTS[target])
+        res = simulate(models, data, STEP_COSTS[target], restart)
         tot = [0, 0.0, 0, 0, 0]
         line = [f"{variant:12s}"]
         for name in SUITES:
