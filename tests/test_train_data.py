@@ -198,9 +198,9 @@ def counted(corpus: Corpus, made: list[int]) -> Corpus:
         made.append(i)
         return corpus[i]
 
-    def featured(i: int, spec: FeatureSpec):
+    def featured(i: int, spec: FeatureSpec, known=None):
         made.append(i)
-        return corpus.with_features(i, spec)
+        return corpus.with_features(i, spec, known)
 
     out = Corpus(corpus.source, len(corpus), make, featured)
     out.leaves = corpus.leaves
@@ -293,10 +293,10 @@ def test_what_growing_set_aside_outlives_a_ctrl_c_and_serves_only_its_features(
         return answers + file_corpus([tmp_path], models.tokenizer, max_tokens=200, seed=0)
 
     def interrupted(corpus: Corpus, at: int) -> Corpus:
-        def featured(i: int, spec: FeatureSpec):
+        def featured(i: int, spec: FeatureSpec, known=None):
             if i == at:
                 raise KeyboardInterrupt
-            return corpus.with_features(i, spec)
+            return corpus.with_features(i, spec, known)
 
         out = Corpus(corpus.source, len(corpus), corpus.__getitem__, featured)
         out.leaves = corpus.leaves
@@ -315,6 +315,79 @@ def test_what_growing_set_aside_outlives_a_ctrl_c_and_serves_only_its_features(
         # Layers: the two answers held are read again for them, and the pieces of files too.
         assert len(read_by_target) == (2 + pieces if spec_after.layers else 0)
         assert not (folder / ".set-aside").exists() and open_shards(folder, whole=True)
+
+
+def test_answers_behind_new_prompts_are_taken_back_not_made_again(models, tmp_path, monkeypatch):
+    """Prompts put before cached answers (another writer's Magpie prompts ahead of the task
+    prompts): the answers behind them are set aside and taken back by their prompts, so
+    the target answers the new prompt alone, and the cache is the one a fresh run makes."""
+    from specmlx.training import data as data_module
+
+    answered_rows: list[int] = []
+    answer_batch = data_module.answer_batch
+
+    def counting(models, prompts, *args, **kwargs):
+        answered_rows.append(len(prompts))
+        return answer_batch(models, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(data_module, "answer_batch", counting)
+
+    def data(*parts: list[str]) -> Corpus:
+        corpora = [
+            generate_corpus(models, prompts, max_tokens=24, seed=0, batch_size=2)
+            for prompts in parts
+        ]
+        joined = corpora[0]
+        for corpus in corpora[1:]:
+            joined = joined + corpus
+        return joined
+
+    before = data(PROMPTS[:1], PROMPTS[1:])
+    after = data(PROMPTS[:1], ["What is a list?"], PROMPTS[1:])
+    spec, grown, fresh = FeatureSpec((0, 1)), tmp_path / "grown", tmp_path / "fresh"
+    cache_features(models, before, spec, grown, shard_tokens=60, progress=False)
+    answered_rows.clear()
+    cache_features(models, after, spec, grown, shard_tokens=60, progress=False)
+    assert answered_rows == [1]  # the new prompt; the three behind it were set aside
+    assert not (grown / ".set-aside").exists()
+    cache_features(models, after, spec, fresh, shard_tokens=60, progress=False)
+    ours, theirs = open_shards(grown, whole=True), open_shards(fresh, whole=True)
+    assert np.array_equal(ours.tokens, theirs.tokens)
+    assert np.array_equal(ours.starts, theirs.starts)
+    assert np.array_equal(ours.nexts, theirs.nexts)
+    assert mx.allclose(ours.features, theirs.features, atol=1e-3)
+
+
+def test_a_set_aside_answer_is_found_by_its_prompt_only_where_it_is_greedy(models, tmp_path):
+    """`SetAside.answer`: the greedy answer among a prompt's answers (a sampled one beside
+    it is not the target's own), cut to fewer tokens with its features; none where the
+    answer held is shorter than asked for and did not end its turn."""
+    import shutil
+
+    from specmlx.api.generate import encode_prompt
+    from specmlx.training.shards import ASIDE, SetAside, read_manifest
+
+    corpus = generate_corpus(
+        models, PROMPTS[:1], max_tokens=24, seed=0, batch_size=2, samples=2, temperature=5.0
+    )
+    made = tmp_path / "made"
+    cache_features(models, corpus, FeatureSpec((0, 1)), made, progress=False)
+    held = open_shards(made, whole=True)
+    greedy = held.tokens[held.starts[0] : held.starts[1]].tolist()
+    sampled = held.tokens[held.starts[1] : held.starts[2]].tolist()
+    prompt = encode_prompt(models, PROMPTS[0], True)
+    assert greedy[: len(prompt)] == sampled[: len(prompt)] == prompt and greedy != sampled
+    folder = tmp_path / "folder"
+    shutil.copytree(made, folder / ASIDE)
+    aside = SetAside(folder, read_manifest(made))
+    tokens, features, nexts, final = aside.answer(prompt, 24)
+    assert tokens == greedy and len(features) == len(nexts) == len(final) == len(greedy)
+    assert mx.allclose(features, held.features[: len(greedy)]).item()
+    if greedy[-1] not in aside.stops:  # ran its 24 tokens: 30 would need more
+        assert aside.answer(prompt, 30) is None
+    tokens, features, _, _ = aside.answer(prompt, 10)
+    assert tokens == greedy[: len(prompt) + 10] and len(features) == len(prompt) + 10
+    assert aside.answer(encode_prompt(models, PROMPTS[1], True), 24) is None
 
 
 def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkeypatch):

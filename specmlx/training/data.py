@@ -61,6 +61,8 @@ SHARD_TOKENS = 1 << 16
 
 
 Featured = tuple[list[int], mx.array, mx.array, mx.array | None]  # as ShardWriter.add takes
+# A prompt's greedy answer made before (prompt ids, max tokens -> the row), or None.
+Known = Callable[[list[int], int], Answered | None]
 
 
 class Leaf(NamedTuple):
@@ -76,16 +78,18 @@ class Corpus(SequenceABC):
     """Token sequences made on demand (`make(i)`), and a record of where they come from.
 
     `source` is plain data: the feature cache keeps it in its manifest and refuses to
-    resume over shards made from other data. `featured(i, spec)`, where given, makes
+    resume over shards made from other data. `featured(i, spec, known)`, where given, makes
     sequence i with the target's features over it from the same calls (the target's own
-    answers: `specmlx.training.answers`), tokens, features, next tokens, final states."""
+    answers: `specmlx.training.answers`), tokens, features, next tokens, final states;
+    `known` (None, or `Known`) gives the greedy answers already made to prompts, which it
+    takes instead of answering them again."""
 
     def __init__(
         self,
         source: dict[str, Any],
         count: int,
         make: Callable[[int], list[int]],
-        featured: Callable[[int, FeatureSpec], Featured] | None = None,
+        featured: Callable[[int, FeatureSpec, Known | None], Featured] | None = None,
         prompts: list[str] | None = None,
     ):
         self.source = source
@@ -94,12 +98,14 @@ class Corpus(SequenceABC):
         self._featured = featured
         self.leaves = [Leaf(source, count, prompts)]  # the parts it joins
 
-    def with_features(self, i: int, spec: FeatureSpec) -> Featured | None:
+    def with_features(
+        self, i: int, spec: FeatureSpec, known: Known | None = None
+    ) -> Featured | None:
         """Sequence i and the target's features over it, where the corpus makes them
         together; None where they are to be read by a pass of their own."""
         if not 0 <= i < self._count:
             raise IndexError(i)
-        return None if self._featured is None else self._featured(i, spec)
+        return None if self._featured is None else self._featured(i, spec, known)
 
     def __len__(self) -> int:
         return self._count
@@ -113,9 +119,11 @@ class Corpus(SequenceABC):
         def make(i: int) -> list[int]:
             return self[i] if i < len(self) else other[i - len(self)]
 
-        def featured(i: int, spec: FeatureSpec) -> Featured | None:
+        def featured(i: int, spec: FeatureSpec, known: Known | None) -> Featured | None:
             n = len(self)
-            return self.with_features(i, spec) if i < n else other.with_features(i - n, spec)
+            if i < n:
+                return self.with_features(i, spec, known)
+            return other.with_features(i - n, spec, known)
 
         count = len(self) + len(other)
         joined = Corpus({"parts": [self.source, other.source]}, count, make, featured)
@@ -188,7 +196,9 @@ def generate_corpus(
     (`specmlx.training.answers`: several times the tokens per second on a memory-bound
     machine, and the features cached from the very calls that answer; block b of answer k
     drawn from seed `seed + k·blocks + b`). Either way a sequence is the same whenever it
-    is made, alone or in a resumed run."""
+    is made, alone or in a resumed run. Batched, a block's greedy answers that `known`
+    already holds (what an earlier run of the cache made) are taken from there: only the
+    other prompts of the block are answered."""
     prompts = list(train_prompts() if prompts is None else prompts)
     if not prompts:
         raise UsageError("no prompts to generate training data from")
@@ -201,7 +211,9 @@ def generate_corpus(
     # The newest block of a batched run, and the features made with it (None: none).
     blocks: dict[tuple[int, int], tuple[FeatureSpec | None, list[Answered]]] = {}
 
-    def answered(j: int, spec: FeatureSpec | None) -> tuple[list[int], Answered]:
+    def answered(
+        j: int, spec: FeatureSpec | None, known: Known | None = None
+    ) -> tuple[list[int], Answered]:
         k, i = divmod(j, n)
         block = i // batch_size
         made = blocks.get((k, block))
@@ -212,8 +224,16 @@ def generate_corpus(
             ]
             blocks.clear()
             how = sampling if k == 0 else sampled
-            draw = seed + k * n_blocks + block
-            blocks[k, block] = made = spec, answer_batch(models, ids, max_tokens, how, draw, spec)
+            rows: list[Answered | None] = [None] * len(ids)
+            if known is not None and spec is not None and how.temperature == 0:
+                rows = [known(p, max_tokens) for p in ids]
+            missing = [r for r, row in enumerate(rows) if row is None]
+            if missing:
+                draw = seed + k * n_blocks + block
+                fresh = answer_batch(models, [ids[r] for r in missing], max_tokens, how, draw, spec)
+                for r, row in zip(missing, fresh, strict=True):
+                    rows[r] = row
+            blocks[k, block] = made = spec, [row for row in rows if row is not None]
         return encode_prompt(models, prompts[i], chat_template), made[1][i % batch_size]
 
     def make(j: int) -> list[int]:
@@ -230,8 +250,8 @@ def generate_corpus(
         prompt_ids = encode_prompt(models, prompts[i], chat_template)
         return prompt_ids + generate(models, prompts[i], replace(config, seed=seed + j)).token_ids
 
-    def featured(j: int, spec: FeatureSpec) -> Featured:
-        prompt_ids, row = answered(j, spec)
+    def featured(j: int, spec: FeatureSpec, known: Known | None) -> Featured:
+        prompt_ids, row = answered(j, spec, known)
         assert row.features is not None and row.nexts is not None
         return prompt_ids + row.answer, row.features, row.nexts, row.finals
 
@@ -511,14 +531,21 @@ def cache_features(
         shutil.rmtree(folder / AGAIN)
     _say_kept(keep_grown(folder, manifest, unchanged), folder, progress)
     writer = ShardWriter(folder, manifest, models, shard_tokens)
-    aside = SetAside(folder, manifest)  # what growing dropped, a piece of a file found again
+    # What growing dropped: a piece of a file found again by its tokens, an answer by its
+    # prompt (the target's greedy answer, made by an earlier run).
+    aside = SetAside(folder, manifest)
+
+    def known(prompt: list[int], max_tokens: int) -> Answered | None:
+        found = aside.answer(prompt, max_tokens)
+        return None if found is None else Answered(found[0][len(prompt) :], *found[1:])
+
     answered = [p for leaf in corpus.leaves for p in leaf.prompts or []]
     if answered:  # what the cache now answers: the next run's data is told against it
         write_answered(folder, answered)
     with progress_bar(progress, "caching features", len(corpus), writer.index.n_sequences) as bar:
         try:
             for i in range(writer.index.n_sequences, len(corpus)):
-                made = corpus.with_features(i, spec)  # the target's answers: as it answers
+                made = corpus.with_features(i, spec, known)  # answers: as the target answers
                 if made is None:
                     tokens = corpus[i]
                     made = aside.take(tokens) or (

@@ -20,6 +20,7 @@ finished by whoever reads the folder next (`read_manifest`).
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -303,27 +304,55 @@ def _aside_for(folder: Path, manifest: dict[str, Any]) -> Path:
     return aside
 
 
+Held = tuple[list[int], mx.array, mx.array, mx.array | None]  # tokens, features, nexts, final
+
+
 class SetAside:
-    """The sequences `keep_grown` set aside in a data folder, found by their tokens: a
-    sequence of the new data whose tokens are known before the target reads them (a piece
-    of a file) takes its features from there. Shards set aside under other features than
-    `manifest`'s are dropped on opening; `clear` drops them all once the caching is whole."""
+    """The sequences `keep_grown` set aside in a data folder, found again: a sequence of the
+    new data whose tokens are known before the target reads them (a piece of a file) by its
+    tokens, the target's greedy answer to a prompt by the prompt (`answer`). Shards set
+    aside under other features than `manifest`'s are dropped on opening; `clear` drops them
+    all once the caching is whole."""
 
     def __init__(self, folder: Path, manifest: dict[str, Any]):
         self.folder = _aside_for(folder, manifest)
+        self.stops = frozenset(int(i) for i in manifest.get("eos_ids", ()))
         self._where: dict[bytes, tuple[str, int, int]] | None = None
+        self._sorted: list[tuple[tuple[int, ...], str, int]] = []  # (tokens, shard, start)
         self._open: tuple[str, dict[str, mx.array]] | None = None
 
-    def take(
-        self, tokens: list[int]
-    ) -> tuple[list[int], mx.array, mx.array, mx.array | None] | None:
+    def take(self, tokens: list[int]) -> Held | None:
         """(tokens, features, nexts, final) of a set-aside sequence of these tokens, or None."""
         if self._where is None:
             self._where = self._index()
         found = self._where.get(_key(tokens))
-        if found is None:
-            return None
-        name, start, end = found
+        return None if found is None else self._read(found[0], found[1], found[2], tokens)
+
+    def answer(self, prompt: list[int], max_tokens: int) -> Held | None:
+        """A set-aside sequence that is `prompt` and the target's greedy answer to it, cut
+        to `max_tokens` answer tokens: every answer token is the target's own next token
+        there (its `nexts`), and the answer ends on a stop token or runs `max_tokens` long.
+        None where no such sequence is held (an answer sampled, or cut shorter)."""
+        if self._where is None:
+            self._where = self._index()
+        head = tuple(prompt)
+        at = bisect.bisect_left(self._sorted, (head,))
+        for tokens, name, start in self._sorted[at:]:
+            if tokens[: len(head)] != head:
+                break
+            answer = tokens[len(head) :][:max_tokens]
+            if not answer or (len(answer) < max_tokens and answer[-1] not in self.stops):
+                continue  # cut shorter than this run's answers, or no answer
+            if any(t in self.stops for t in answer[:-1]):
+                continue
+            end = len(head) + len(answer)
+            held = self._read(name, start, start + end, list(tokens[:end]))
+            nexts = np.array(held[2][len(head) - 1 : end - 1])
+            if np.array_equal(nexts, np.array(answer)):  # greedy all along
+                return held
+        return None
+
+    def _read(self, name: str, start: int, end: int, tokens: list[int]) -> Held:
         if self._open is None or self._open[0] != name:
             self._open = (name, mx.load(str(self.folder / name)))
         arrays = self._open[1]
@@ -338,7 +367,9 @@ class SetAside:
             start = 0
             for piece in _pieces(mx.load(str(path))):
                 where.setdefault(_key(piece), (path.name, start, start + len(piece)))
+                self._sorted.append((tuple(piece), path.name, start))
                 start += len(piece)
+        self._sorted.sort()
         return where
 
     def clear(self) -> None:
