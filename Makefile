@@ -160,8 +160,9 @@ bench-stock-blas: models
 		-k 1 -k 2 -k 4 -k auto --no-mlx-lm --max-tokens 24 --warmup 0 $(call BENCH_OUT,bench-stock-blas)
 
 # Medusa, EAGLE and EAGLE-3-style heads, trained here (memory-bound regime: OpenBLAS
-# preloaded, fp32). Each recipe has the target answer the shipped prompts and prompts it
-# writes itself (Magpie), reads a seeded sample of Python's own standard library, caches the
+# preloaded, fp32). Each recipe has the target answer the shipped prompts and Magpie prompts
+# (written by itself, or for the Qwen coder by SmolLM2-135M-Instruct) and tasks on functions
+# of Python's own standard library, reads a seeded sample of that library, caches the
 # target's features once under models/cache/heads/ (three layers' outputs and the final
 # state: one cache trains all three kinds), then trains each kind until its held-out top-1
 # stops rising (or its step budget ends); rerunning resumes where it stopped. SmolLM2's heads
@@ -192,12 +193,14 @@ heads-smollm2-eagle1: heads-smollm2
 		--steps 500 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
 
 # On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 25-40 tokens/s for features and
-# answers at about 20: its data is what fits beside training in the recipe's 150 minutes:
-# greedy answers to the shipped prompts, 96 Magpie draws and 128 tasks on functions of the
-# standard library, and 40k tokens of it (Qwen2.5 has 28 layers; EAGLE-3 reads 1, 13 and 24).
-QWEN_DATA = --target qwen2.5-coder-1.5b --data models/cache/heads/qwen2.5-coder-1.5b --magpie 96 \
-	--task-prompts 128 $(STDLIB_CODE) --file-tokens 40000 --answer-tokens 128 --batch-size 32 \
-	--draft-vocab 8192 $(UNTIL_HELDOUT_STOPS)
+# answers a batch of 32 prompts in 4-7 minutes: its data is what fits beside training in the
+# recipe's 150 minutes: greedy answers to the shipped prompts, to 256 Magpie draws that
+# SmolLM2-135M-Instruct writes (chat-like user turns; the coder itself writes few) and to 128
+# tasks on functions of the standard library, and 20k tokens of it (Qwen2.5 has 28 layers;
+# EAGLE-3 reads 1, 13 and 24).
+QWEN_DATA = --target qwen2.5-coder-1.5b --data models/cache/heads/qwen2.5-coder-1.5b \
+	--magpie 256@smollm2-135m --task-prompts 128 $(STDLIB_CODE) --file-tokens 20000 \
+	--answer-tokens 128 --batch-size 32 --draft-vocab 8192 $(UNTIL_HELDOUT_STOPS)
 
 heads-qwen: models openblas
 	$(TRAIN_HEADS) $(QWEN_DATA) --kind eagle3 --out models/heads/qwen2.5-coder-1.5b-eagle3 \
