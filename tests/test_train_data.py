@@ -383,11 +383,23 @@ def test_a_set_aside_answer_is_found_by_its_prompt_only_where_it_is_greedy(model
     tokens, features, nexts, final = aside.answer(prompt, 24)
     assert tokens == greedy and len(features) == len(nexts) == len(final) == len(greedy)
     assert mx.allclose(features, held.features[: len(greedy)]).item()
-    if greedy[-1] not in aside.stops:  # ran its 24 tokens: 30 would need more
-        assert aside.answer(prompt, 30) is None
+    # 30 tokens: only an answer that ended its turn serves; one that ran its 24 does not.
+    assert (aside.answer(prompt, 30) is None) == (greedy[-1] not in aside.stops)
     tokens, features, _, _ = aside.answer(prompt, 10)
     assert tokens == greedy[: len(prompt) + 10] and len(features) == len(prompt) + 10
     assert aside.answer(encode_prompt(models, PROMPTS[1], True), 24) is None
+    # The sampled answer alone set aside: not the target's greedy one, never taken.
+    only_sampled = Corpus(
+        corpus.source | {"samples": 1},
+        1,
+        lambda i: corpus[1],
+        lambda i, spec, known: corpus.with_features(1, spec),
+    )
+    made_sampled, folder_sampled = tmp_path / "made-sampled", tmp_path / "folder-sampled"
+    cache_features(models, only_sampled, FeatureSpec((0, 1)), made_sampled, progress=False)
+    shutil.copytree(made_sampled, folder_sampled / ASIDE)
+    assert open_shards(made_sampled).tokens.tolist() == sampled
+    assert SetAside(folder_sampled, read_manifest(made_sampled)).answer(prompt, 24) is None
 
 
 def test_other_features_keep_the_answers_already_cached(models, tmp_path, monkeypatch):

@@ -317,29 +317,26 @@ class SetAside:
     def __init__(self, folder: Path, manifest: dict[str, Any]):
         self.folder = _aside_for(folder, manifest)
         self.stops = frozenset(int(i) for i in manifest.get("eos_ids", ()))
-        self._where: dict[bytes, tuple[str, int, int]] | None = None
-        self._sorted: list[tuple[tuple[int, ...], str, int]] = []  # (tokens, shard, start)
+        # (tokens, shard, start) of every set-aside sequence, sorted by tokens: a sequence
+        # and every sequence a prompt begins sit together. None: not read yet.
+        self._sorted: list[tuple[tuple[int, ...], str, int]] | None = None
         self._open: tuple[str, dict[str, mx.array]] | None = None
 
     def take(self, tokens: list[int]) -> Held | None:
         """(tokens, features, nexts, final) of a set-aside sequence of these tokens, or None."""
-        if self._where is None:
-            self._where = self._index()
-        found = self._where.get(_key(tokens))
-        return None if found is None else self._read(found[0], found[1], found[2], tokens)
+        key = tuple(tokens)
+        for held, name, start in self._beginning(key):
+            if held == key:
+                return self._read(name, start, start + len(key), tokens)
+        return None
 
     def answer(self, prompt: list[int], max_tokens: int) -> Held | None:
         """A set-aside sequence that is `prompt` and the target's greedy answer to it, cut
         to `max_tokens` answer tokens: every answer token is the target's own next token
         there (its `nexts`), and the answer ends on a stop token or runs `max_tokens` long.
         None where no such sequence is held (an answer sampled, or cut shorter)."""
-        if self._where is None:
-            self._where = self._index()
         head = tuple(prompt)
-        at = bisect.bisect_left(self._sorted, (head,))
-        for tokens, name, start in self._sorted[at:]:
-            if tokens[: len(head)] != head:
-                break
+        for tokens, name, start in self._beginning(head):
             answer = tokens[len(head) :][:max_tokens]
             if not answer or (len(answer) < max_tokens and answer[-1] not in self.stops):
                 continue  # cut shorter than this run's answers, or no answer
@@ -352,6 +349,15 @@ class SetAside:
                 return held
         return None
 
+    def _beginning(self, head: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], str, int]]:
+        """The set-aside sequences that begin with `head`, in token order."""
+        if self._sorted is None:
+            self._sorted = self._index()
+        for entry in self._sorted[bisect.bisect_left(self._sorted, (head,)) :]:
+            if entry[0][: len(head)] != head:
+                return
+            yield entry
+
     def _read(self, name: str, start: int, end: int, tokens: list[int]) -> Held:
         if self._open is None or self._open[0] != name:
             self._open = (name, mx.load(str(self.folder / name)))
@@ -359,27 +365,21 @@ class SetAside:
         final = arrays["final"][start:end] if "final" in arrays else None
         return tokens, arrays["features"][start:end], arrays["nexts"][start:end], final
 
-    def _index(self) -> dict[bytes, tuple[str, int, int]]:
-        where: dict[bytes, tuple[str, int, int]] = {}
+    def _index(self) -> list[tuple[tuple[int, ...], str, int]]:
+        entries: list[tuple[tuple[int, ...], str, int]] = []
         if not self.folder.exists():
-            return where
+            return entries
         for path in sorted(self.folder.glob("shard-*.safetensors")):
             start = 0
             for piece in _pieces(mx.load(str(path))):
-                where.setdefault(_key(piece), (path.name, start, start + len(piece)))
-                self._sorted.append((tuple(piece), path.name, start))
+                entries.append((tuple(piece), path.name, start))
                 start += len(piece)
-        self._sorted.sort()
-        return where
+        return sorted(entries)
 
     def clear(self) -> None:
         self._open = None
         if self.folder.exists():
             shutil.rmtree(self.folder)
-
-
-def _key(tokens: list[int]) -> bytes:
-    return np.asarray(tokens, np.int32).tobytes()
 
 
 def _cut(folder: Path, name: str, arrays: dict[str, mx.array], count: int) -> dict[str, Any]:
