@@ -114,7 +114,15 @@ def walk(draft, answer):
     return n
 
 
-def simulate(models, data, costs, restart=0.0):
+def simulate(models, data, costs, restart=0.0, shadow=None, loss=None):
+    """Per suite [tokens, cost, calls, speculative steps, trees offered, heads-only probes].
+
+    `shadow` (heads, a cost in calls): a probe due in a plain stretch runs the heads alone
+    on the plain call's hidden state (no verify call, no restart): it costs 1 + heads, yields
+    the plain token, and its tree, walked along the tokens that follow, teaches the policy
+    what a verified probe would have. `loss`: a dict that sums, per (suite, kind of step),
+    cost minus tokens (kinds: `e` an empty proposal, `miss` a tree with nothing kept, `hit`,
+    `restart`, `shadow`)."""
     greedy = SamplingConfig(temperature=0.0)
     session = Session(
         models, GenerationConfig(method="medusa", k=None, max_tokens=MAX_TOKENS, sampling=greedy)
@@ -129,13 +137,22 @@ def simulate(models, data, costs, restart=0.0):
             context = list(ids)
             policy.start()
             prefilled = False
-            produced, cost, calls, spec_steps, offered = 0, 0.0, 0, 0, 0
+            produced, cost, calls, spec_steps, offered, shadows = 0, 0.0, 0, 0, 0, 0
             trace = []
+            in_plain = False  # inside a plain stretch (no restart before the next plain run)
+
+            def charge(kind, amount, _name=name):
+                if loss is not None:
+                    loss[(_name, kind)] = loss.get((_name, kind), 0.0) + amount
+
             while produced < len(answer):
                 plan = policy.choose()
                 room = len(answer) - produced - 1
                 if plan.k == 0:
-                    cost += restart  # the run's first call, not overlapped with a queued one
+                    if not (shadow and in_plain):
+                        cost += restart  # the run's first call, not overlapped with a queued one
+                        charge("restart", restart)
+                    in_plain = True
                     for _ in range(plan.run):
                         if produced >= len(answer):
                             break
@@ -157,6 +174,20 @@ def simulate(models, data, costs, restart=0.0):
                     draft = None
                 n_acc = walk(draft, answer[produced:]) if draft is not None else 0
                 n_acc = min(n_acc, k)
+                if shadow and policy._probe and in_plain:
+                    policy._probe = False
+                    shadows += 1
+                    tok = answer[produced]
+                    context.append(tok)
+                    produced += 1
+                    cost += 1.0 + shadow
+                    calls += 1
+                    charge("shadow", shadow)
+                    trace.append("s")
+                    policy.shadowed(draft, k, n_acc)
+                    policy.observe(Step((tok,), 0, 0, 0, 0, unit, None))
+                    continue
+                in_plain = False
                 emitted = answer[produced : produced + n_acc + 1]
                 size = 1 + (draft.size if draft is not None else 0)
                 c = cost_of(costs, size)
@@ -167,6 +198,7 @@ def simulate(models, data, costs, restart=0.0):
                 context.extend(emitted)
                 produced += len(emitted)
                 trace.append("e" if draft is None else str(n_acc))
+                charge("e" if draft is None else "hit" if n_acc else "miss", c - len(emitted))
                 policy.observe(
                     Step(
                         tuple(emitted),
@@ -183,12 +215,9 @@ def simulate(models, data, costs, restart=0.0):
                 )
             if TRACE:
                 print(name, "".join(trace), f"{produced / cost:.3f}")
-            r = results.setdefault(name, [0, 0.0, 0, 0, 0])
-            r[0] += produced
-            r[1] += cost
-            r[2] += calls
-            r[3] += spec_steps
-            r[4] += offered
+            r = results.setdefault(name, [0, 0.0, 0, 0, 0, 0])
+            for i, value in enumerate((produced, cost, calls, spec_steps, offered, shadows)):
+                r[i] += value
     return results
 
 
@@ -234,7 +263,7 @@ def main():
             if part.startswith("prior"):
                 MedusaDrafter.PRIOR_ACCEPTANCE = float(part[5:])
         res = simulate(models, data, STEP_COSTS[target], restart)
-        tot = [0, 0.0, 0, 0, 0]
+        tot = [0, 0.0, 0, 0, 0, 0]
         line = [f"{variant:12s}"]
         for name in SUITES:
             r = res[name]
