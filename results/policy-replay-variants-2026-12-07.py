@@ -23,6 +23,12 @@ to 0.02 between processes; compare rows of one block).
   below a plain step's.
 - shadow: a probe due in a plain stretch runs the heads alone on the plain call's hidden
   state (0.02 of a call, no restart) and teaches the policy what its tree would have kept.
+- tree-depth: how often each position is drafted is learned against the depth the policy
+  asked for, not the depth the tree came to (a cost-sized tree is often shallower: as
+  shipped, positions past it count as drafted, so E(k) assumes trees as deep as asked).
+
+Also, for the shipped policy (bench order, 1.09): per suite, what it predicted for the steps
+it chose to speculate (proposals offering a tree, tokens a step, price) against what they got.
 
 Then the loss of each kind of step in chat, cost minus tokens in calls (`e` empty proposals,
 `miss` trees with nothing kept, `hit` the others, `restart` plain runs restarting, `shadow`
@@ -32,15 +38,17 @@ heads-only probes). Run from the repository root, OpenBLAS preloaded (about 10 m
 """
 
 import importlib.util
+import inspect
 import random
 import sys
+import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 
 from specmlx.api.load import load
 from specmlx.engine.features import FeatureSpec
 from specmlx.engine.policy import adaptive
-from specmlx.engine.policy.estimators import AcceptanceRates, Decaying
+from specmlx.engine.policy.estimators import AcceptanceRates, Decaying, expectations
 
 _spec = importlib.util.spec_from_file_location(
     "replay", Path(__file__).with_name("policy-replay-2026-12-06.py")
@@ -163,8 +171,71 @@ adaptive.AdaptiveK.shadowed = shadowed
 
 
 @contextmanager
+def tree_depth():
+    policy = adaptive.AdaptiveK
+    source = textwrap.dedent(inspect.getsource(policy.observe))
+    shipped = "requested = step.draft_depth if step.tree else step.requested"
+    assert shipped in source, "the policy changed: update this variant"
+    namespace = dict(vars(adaptive))
+    exec(source.replace(shipped, "requested = step.requested"), namespace)
+    observe, policy.observe = policy.observe, namespace["observe"]
+    try:
+        yield
+    finally:
+        policy.observe = observe
+
+
+@contextmanager
 def nothing():
     yield
+
+
+@contextmanager
+def predictions(records, suite_of):
+    """Records (suite, predicted offered, tokens, price; offered, tokens, price) per
+    speculative step the policy chose."""
+    policy = adaptive.AdaptiveK
+    choose, observe = policy.choose, policy.observe
+    pending = {}
+
+    def new_choose(self):
+        plan = choose(self)
+        pending.pop("step", None)
+        if plan.k > 0:
+            k = min(plan.k, self.max_k)
+            tokens, drafted = expectations(self.acceptance.curve(self.max_k))
+            offered = self.acceptance.offered.mean(1.0)
+            price = self.pricing.step(drafted[k], offered, levels=plan.k)
+            pending["step"] = (offered, tokens[k], price)
+        return plan
+
+    def new_observe(self, step):
+        observe(self, step)
+        predicted = pending.pop("step", None)
+        if predicted is not None and not (step.plain and not step.proposed):
+            got = (
+                step.n_drafted > 0,
+                len(step.tokens),
+                step.seconds / self.profile.target_call_seconds,
+            )
+            records.append((suite_of(), *predicted, *got))
+
+    policy.choose, policy.observe = new_choose, new_observe
+    try:
+        yield
+    finally:
+        policy.choose, policy.observe = choose, observe
+
+
+class Tagged(list):
+    """The replay's data, telling which suite is being answered."""
+
+    suite = None
+
+    def __iter__(self):
+        for item in super().__iter__():
+            Tagged.suite = item[0]
+            yield item
 
 
 VARIANTS = {
@@ -173,6 +244,7 @@ VARIANTS = {
     "offered-split": (offered_split, None),
     "veto": (veto, None),
     "shadow": (nothing, HEADS_ONLY),
+    "tree-depth": (tree_depth, None),
 }
 ORDERS = ("bench", "reversed", "shuffled")
 
@@ -222,6 +294,23 @@ def main():
     for (price, name), loss in losses.items():
         kinds = {kind: round(v, 1) for (suite, kind), v in sorted(loss.items()) if suite == "chat"}
         print(f"e={price} {name:14s} {kinds}")
+    print(
+        "\n# the shipped policy, bench order, e=1.09: predicted against got, per speculative step"
+    )
+    records = []
+    models.experience.clear()
+    models.learned_costs.clear()
+    costs = dict(replay.STEP_COSTS[TARGET]) | {1: 1.09}
+    with predictions(records, lambda: Tagged.suite):
+        replay.simulate(models, Tagged(data), costs, 0.06)
+    for suite in replay.SUITES:
+        rows = [r[1:] for r in records if r[0] == suite]
+        mean = [sum(column) / len(rows) for column in zip(*rows, strict=True)]
+        print(
+            f"{suite:8s} {len(rows)} steps: offered {mean[0]:.2f} got {mean[3]:.2f} | tokens"
+            f" {mean[1]:.2f} got {mean[4]:.2f} | price {mean[2]:.3f} got {mean[5]:.3f} |"
+            f" tokens per call {mean[1] / mean[2]:.3f} got {mean[4] / mean[5]:.3f}"
+        )
 
 
 if __name__ == "__main__":
