@@ -120,7 +120,8 @@ def simulate(models, data, costs, restart=0.0, shadow=None, loss=None):
     `shadow` (heads, a cost in calls): a probe due in a plain stretch runs the heads alone
     on the plain call's hidden state (no verify call, no restart): it costs 1 + heads, yields
     the plain token, and its tree, walked along the tokens that follow, teaches the policy
-    what a verified probe would have. `loss`: a dict that sums, per (suite, kind of step),
+    what a verified probe would have (through the policy's `shadowed`, which
+    results/policy-replay-variants-2026-12-07.py adds). `loss`: a dict that sums, per (suite, kind of step),
     cost minus tokens (kinds: `e` an empty proposal, `miss` a tree with nothing kept, `hit`,
     `restart`, `shadow`)."""
     greedy = SamplingConfig(temperature=0.0)
