@@ -702,11 +702,13 @@ def test_batched_answers_carry_the_features_a_pass_of_their_own_reads(models, sp
     ids = [encode_prompt(models, p, True) for p in prompts[:4]]
     free = answer_batch(models, ids, 8, SamplingConfig(), 0)
     stop = free[1].answer[2]  # row 1 says it third: a stop token ends row 1 there
-    stopping = SimpleNamespace(
-        target=models.target, tokenizer=SimpleNamespace(eos_token_ids={stop})
-    )
+    counting = _CountingRows(models.target)
+    stopping = SimpleNamespace(target=counting, tokenizer=SimpleNamespace(eos_token_ids={stop}))
     rows = answer_batch(stopping, ids, 8, SamplingConfig(), 0, spec)
     assert rows[1].answer == free[1].answer[:3]
+    # Row 1 leaves the batch once it has read its stop token; the others decode on.
+    decoding = counting.rows[-9:]  # 8 tokens, and the last one read
+    assert decoding[:4] == [4] * 4 and decoding[4:] == [3] * 5
     for row, prompt in zip(rows, ids, strict=True):
         assert row.answer[-1] == stop or len(row.answer) == 8
         assert stop not in row.answer[:-1]
@@ -714,3 +716,28 @@ def test_batched_answers_carry_the_features_a_pass_of_their_own_reads(models, sp
         want, want_nexts, _ = target_features(models.target, prompt + row.answer, spec)
         assert mx.allclose(row.features, want, atol=2e-2, rtol=1e-2)
         assert row.nexts.tolist() == want_nexts.tolist()
+
+
+class _CountingRows:
+    """A target that counts the rows of every call made to it."""
+
+    def __init__(self, model):
+        self.model_itself, self.rows = model, []
+
+    def __call__(self, tokens, cache=None):
+        self.rows.append(tokens.shape[0])
+        return self.model_itself(tokens, cache=cache)
+
+    def __getattr__(self, key):
+        return getattr(self.model_itself, key)
+
+
+def test_prompts_are_prefilled_in_groups_of_like_length():
+    """Shortest first; a longer prompt joins a group while the padding it puts on the
+    group's rows costs less than a call; prompts with nothing to prefill join none."""
+    from specmlx.training.answers import PREFILL_CALL_TOKENS, prefill_groups
+
+    assert PREFILL_CALL_TOKENS == 16  # what the groups below are worked out for
+    lengths = [40, 0, 3, 41, 200, 3, 42, 190, 5]
+    assert prefill_groups(lengths) == [[2, 5, 8], [0, 3, 6], [7, 4]]
+    assert prefill_groups([0, 0]) == [] and prefill_groups([7]) == [[0]]
