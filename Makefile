@@ -192,10 +192,10 @@ heads-smollm2-eagle1: heads-smollm2
 	$(TRAIN_HEADS) $(SMOL_DATA) --kind eagle --out models/heads/smollm2-135m-eagle \
 		--steps 500 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192
 
-# On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 25-40 tokens/s for features and
-# answers a batch of 32 prompts in 3.5-7 minutes (longer prompts take longer): its data is
-# what fits beside training in about the recipe's 150 minutes (153 in one go on 2026-12-07,
-# from an empty cache): greedy answers to the shipped
+# On 2 cores (fp32, OpenBLAS) the 1.5B target reads about 45 tokens/s for features and
+# answers a batch of 32 prompts in 3-5 minutes (longer prompts take longer): its data is
+# what fits beside training in the recipe's 150 minutes (120 in one go on 2026-12-07,
+# from an empty cache: data 62, EAGLE-3 33, Medusa 25): greedy answers to the shipped
 # prompts, to 256 Magpie draws that
 # SmolLM2-135M-Instruct writes (chat-like user turns; the coder itself writes few) and to 128
 # tasks on functions of the standard library, and 20k tokens of it (Qwen2.5 has 28 layers;

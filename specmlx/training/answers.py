@@ -31,7 +31,9 @@ PREFILL_TOKENS = 512  # prompt tokens per batched prefill call, all rows togethe
 # calls: Ctrl-C waits for the one under way)
 # What one more prefill call costs beyond its tokens, in tokens (the weights read once, at
 # least): prompts are prefilled in groups of like length, and a longer prompt joins a group
-# while the padding it puts on the group's rows costs less than a call of its own.
+# while the padding it puts on the group's rows costs less than a call of its own. (Qwen2.5
+# 1.5B here, fp32: a one-token call takes about 384 ms, a prompt token in a batched prefill
+# about 22 ms.)
 PREFILL_CALL_TOKENS = 16
 
 
