@@ -86,7 +86,7 @@ def answer_batch(
             prefill |= {
                 r: [_head(part, lengths[r]) for part in parts] for r, parts in read.take().items()
             }
-        cache = [type(layer).merge([row[i] for row in rows]) for i, layer in enumerate(rows[0])]
+        cache = _joined(rows)
 
         answers: list[list[int]] = [[] for _ in prompts]
         fed = [0] * n_rows  # decode positions each row has read (its last prompt token on)
@@ -147,8 +147,7 @@ def _prefill(
 
     lengths = [len(p) for p in prompts]
     width = max(lengths)
-    fresh = [make_prompt_cache(model) for _ in prompts]
-    cache = [type(layer).merge([row[i] for row in fresh]) for i, layer in enumerate(fresh[0])]
+    cache = _joined([make_prompt_cache(model) for _ in prompts])
     padding = [width - n for n in lengths]
     tokens = mx.array([p + [0] * pad for p, pad in zip(prompts, padding, strict=True)])
     for c in cache:
@@ -161,6 +160,11 @@ def _prefill(
         c.finalize()
     mx.eval([c.state for c in cache])
     return [[c.extract(j) for c in cache] for j in range(len(prompts))]
+
+
+def _joined(rows: list[list[Any]]) -> list[Any]:
+    """One batch cache per layer from the rows' own caches (each a list of layers)."""
+    return [type(layer).merge([row[i] for row in rows]) for i, layer in enumerate(rows[0])]
 
 
 def _head(part: mx.array | None, n: int) -> mx.array | None:
