@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from specmlx.engine.cache import calls_compiled
 from specmlx.engine.costs import CostProfile, measure_costs
 from specmlx.io.files import write_atomic
 
@@ -62,6 +63,8 @@ def calibration_key(models: Any, with_draft: bool) -> dict[str, Any]:
         "blas": device.blas_in_use() if device.backend() == "cpu" else None,
         "target": _model_key(models.target, models.target_path),
         "draft": _model_key(models.draft, models.draft_path) if with_draft else None,
+        # Compiled calls cost less to build (`specmlx.engine.compiled`): another curve.
+        "compiled_calls": calls_compiled(),
     }
 
 

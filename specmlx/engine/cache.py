@@ -35,6 +35,8 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
+from specmlx.engine import device
+from specmlx.engine.compiled import CompiledForward, compilable, compiled_forward
 from specmlx.engine.features import FeatureSpec, capturing
 from specmlx.engine.recurrent import Trace, recording, recurrent_layers
 from specmlx.engine.tree import Tree, tree_call
@@ -109,6 +111,13 @@ def takes_trees(model: nn.Module) -> bool:
     return all(c.is_trimmable() for c in make_cache(model))
 
 
+def calls_compiled() -> bool:
+    """Whether `Sequence` compiles the calls of models that can be (`compile_calls`)."""
+    if Sequence.compile_calls is not None:
+        return Sequence.compile_calls
+    return device.backend() == "cpu"
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -128,6 +137,10 @@ class Sequence:
 
     # False: rewind traced recurrent layers by replay too (`bench --overhead` compares both).
     trace_recurrent = True
+    # Whether llama-shaped models' calls after the prefill run compiled
+    # (`specmlx.engine.compiled`); None: on the CPU backend, where it was measured (on a GPU
+    # they are called as mlx-lm builds them until a device run has measured both).
+    compile_calls: bool | None = None
 
     def __init__(self, model: nn.Module, prefill_step: int = PREFILL_STEP):
         self.model = model
@@ -149,6 +162,7 @@ class Sequence:
         self.feature_spec: FeatureSpec | None = None
         self._features: list[mx.array] = []  # chunks of rows, one row per confirmed token
         self._pending: mx.array | None = None  # rows of the unconfirmed tokens
+        self._compilable: tuple[Any, bool] | None = None  # (the model it was asked of, answer)
 
     @property
     def offset(self) -> int:
@@ -258,6 +272,15 @@ class Sequence:
         With a tree, inputs[i] is node i of the tree (inputs[0] its root) and each node
         attends to the prefix and its ancestors only, at the position of its depth.
         """
+        compiled = self._compiled()
+        if compiled is not None:
+            self.n_unconfirmed += inputs.shape[0]
+            ancestors = depths = None
+            if tree is not None:
+                ancestors, depths = tree.ancestor_mask(), mx.array(tree.depths)
+            logits, features = compiled(self.cache, inputs, ancestors, depths)
+            self._pending = features
+            return logits
         if tree is not None:
             return self._forward_tree(inputs, tree)
         traced = self.recurrent is not None
@@ -270,6 +293,19 @@ class Sequence:
             self._checkpoint = [tree_map(lambda x: x, c.state) for c in self.cache]
         self.n_unconfirmed += inputs.shape[0]
         return self._call(inputs, traced)
+
+    def _compiled(self) -> CompiledForward | None:
+        """The compiled call, where the model has one and the cache holds a token (the
+        prefill, and a call on an empty cache, go as mlx-lm builds them)."""
+        if not calls_compiled() or getattr(self.cache[0], "keys", None) is None:
+            return None
+        if self._compilable is None or self._compilable[0] is not self.model:
+            # Asked again of a model put in place of the first (a test's counting wrapper).
+            plain = all(type(c) is SpecKVCache and c.window is None for c in self.cache)
+            self._compilable = (self.model, plain and compilable(self.model))
+        if not self._compilable[1]:
+            return None
+        return compiled_forward(self.model, self.feature_spec)
 
     def _forward_tree(self, inputs: mx.array, tree: Tree) -> mx.array:
         if not self.trimmable:
