@@ -351,3 +351,58 @@ def test_a_plain_run_queues_the_next_call_before_reading_a_token(llama):
         if step.plain:
             queued.append(len(sequence.tokens) - (len(context) - 1))
     assert queued[:4] == [1, 1, 1, 0] and queued[4:8] == [1, 1, 1, 0]
+
+
+class ScriptedLookup:
+    """A lookup drafter that finds the target's own continuation where the context is at
+    least `found_from` tokens long, and nothing before; it records every context asked."""
+
+    def __init__(self, answer: list[int], prompt_len: int, found_from: int, looks_up: bool):
+        from specmlx.engine.step import DrafterTraits
+
+        self.traits = DrafterTraits("ngram", looks_up=looks_up)
+        self.full, self.found_from, self.asked = [*answer], found_from, []
+        self.prompt_len = prompt_len
+
+    def prefill(self, context, target):
+        pass
+
+    def propose(self, context, k, sampling, stop=None):
+        from specmlx.engine.step import Draft
+
+        self.asked.append(len(context))
+        done = len(context) - self.prompt_len
+        tokens = self.full[done : done + k] if len(context) >= self.found_from else []
+        return Draft(mx.array(tokens, mx.uint32))
+
+    def commit(self, verdict):
+        pass
+
+
+@pytest.mark.parametrize("looks_up", [False, True])
+def test_lookups_that_keep_finding_nothing_are_asked_after_every_plain_token(llama, looks_up):
+    """After WATCH_AFTER empty lookups in a row a lookup drafter is asked after every token
+    of a plain stretch; once it finds something the stretch goes on one token (the one whose
+    call is under way), so the first draft is verified one token later; output unchanged."""
+    from specmlx.engine import decode as loop
+
+    target, tokenizer, _ = llama
+    ids = tokenizer.encode(PROMPTS[2])
+    plain, _ = run(target, tokenizer, PROMPTS[2], None, 0, max_tokens=20)
+    found_from = len(ids) + 8
+    drafter = ScriptedLookup(plain, len(ids), found_from, looks_up)
+    steps = list(
+        decode(Sequence(target), ids, drafter, policy=FixedK(3), max_tokens=20, sampling=GREEDY)
+    )
+    assert [t for s in steps for t in s.tokens] == plain
+    first_draft = next(i for i, s in enumerate(steps) if s.n_drafted)
+    context_then = len(ids) + sum(len(s.tokens) for s in steps[:first_draft])
+    if looks_up:
+        assert loop.WATCH_AFTER == 2
+        # Two lone lookups, then one after every plain token until one finds something.
+        assert drafter.asked[:2] == [len(ids), len(ids) + 1]
+        assert drafter.asked[2:9] == list(range(len(ids) + 2, found_from + 1))
+        assert context_then == found_from + 1
+    else:
+        assert drafter.asked[:9] == list(range(len(ids), found_from + 1))
+        assert context_then == found_from

@@ -50,7 +50,7 @@ class NgramDrafter:
     """Drafts by prompt lookup over the prompt and everything generated."""
 
     # No evidence either way before the first lookup: the midpoint.
-    traits = DrafterTraits("ngram", prior_acceptance=0.5)
+    traits = DrafterTraits("ngram", prior_acceptance=0.5, looks_up=True)
 
     def __init__(self, min_n: int = 1, max_n: int = 4):
         self.min_n, self.max_n = min_n, max_n

@@ -18,7 +18,7 @@ fall-back costs what the target alone does.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
@@ -27,6 +27,19 @@ from specmlx.engine.policy.base import Policy
 from specmlx.engine.sampling import SamplingConfig, draw, warp
 from specmlx.engine.step import Draft, Drafter, Step, Verdict, draft_length
 from specmlx.engine.verify import greedy_verify, rejection_verify, tree_sampling_arrays, walk_tree
+
+# Lookups in a row that found nothing before the loop decodes a watched plain stretch: the
+# lookup is asked after every token, and once it finds a match the stretch goes on one token,
+# the one whose call is under way. A match then reaches verification only if its first token
+# was that token, so matches wrong from their first token (most of them in chat) cost
+# nothing: on SmolLM2-135M's chat prompts prompt lookup verified 19 drafts where it had
+# verified 31, 15 of them kept nothing where 24 had, 0.99x -> 1.04x the target alone. After
+# one empty lookup only: code, whose short matches come often, lost a share of its drafts'
+# first tokens (results/ab-watched-lookups-2026-12-07.txt).
+WATCH_AFTER = 2
+# The longest plain stretch a lookup that found nothing starts (it ends sooner where the
+# lookup finds something): then the policy chooses again, as after a plain run of its own.
+MAX_WATCHED_RUN = 16
 
 
 def _next_token(logits: mx.array, sampling: SamplingConfig) -> mx.array:
@@ -119,6 +132,7 @@ def decode(
     # decodes plainly never pays for the draft model's prefill.
     prefilled = False
     produced = 0
+    missed = 0  # lookups in a row that found nothing
     while produced < max_tokens:
         start = time.perf_counter()
         last = context[-1]
@@ -145,9 +159,32 @@ def decode(
         elif draft is not None and plan.time_draft:
             mx.eval(draft.tokens)  # the draft calls, timed apart from the verify call
             draft_seconds = time.perf_counter() - start
+        missed = missed + 1 if draft is not None and draft.size == 0 else 0
+        if missed >= WATCH_AFTER and traits.looks_up:
+            # Lookups that keep finding nothing: plain steps until one finds something (at
+            # most a policy's run of them), asked after every token.
+            def found(grown: list[int], k: int = k) -> bool:
+                return drafter.propose(grown, k, sampling).size > 0
+
+            for step in _plain(
+                target,
+                context,
+                policy,
+                max_tokens - produced,
+                sampling,
+                stop_tokens,
+                run=MAX_WATCHED_RUN,
+                until=found,
+            ):
+                context.extend(step.tokens)
+                produced += len(step.tokens)
+                yield step
+                if step.finish is not None:
+                    return
+            continue
         if draft is not None and draft.size == 0:
-            # Nothing worth verifying (an n-gram miss, a tree whose nodes do not pay): a
-            # plain call, in a step that still paid for its proposal (`Step.proposed`).
+            # Nothing worth verifying (a tree whose nodes do not pay): a plain call, in a
+            # step that still paid for its proposal (`Step.proposed`).
             draft = None
         if draft is None:
             logits = target.forward(mx.array([last], mx.uint32))[0]
@@ -195,11 +232,15 @@ def _plain(
     sampling: SamplingConfig,
     stop_tokens: frozenset[int],
     run: int | None = None,
+    until: Callable[[list[int]], bool] | None = None,
 ) -> Iterator[Step]:
     """Plain decoding, double-buffered: the call for token t+1 takes token t as a lazy array
     and is queued before the host reads token t, so the device never waits for the host.
     `run`: stop after that many steps (a policy's plain stretch), with no call queued past
-    it: the cache then holds everything but the newest token, as after any step."""
+    it: the cache then holds everything but the newest token, as after any step.
+    `until(context)`: asked of the caller's context (which the caller extends with each
+    step's tokens) before the next call is queued; once true, the run ends after the token
+    whose call is already under way."""
     steps = max_tokens if run is None else min(run, max_tokens)
     start = time.perf_counter()
     pending = _next_token(target.forward(mx.array([context[-1]], mx.uint32))[0], sampling)
@@ -208,6 +249,8 @@ def _plain(
     try:
         for produced in range(1, steps + 1):
             queued = None
+            if until is not None and produced > 1 and until(context):
+                steps = produced  # the call for this token is under way: read it, queue none
             if produced < steps:
                 queued = _next_token(target.forward(pending[None])[0], sampling)
                 mx.async_eval(queued)
@@ -222,8 +265,8 @@ def _plain(
             step = Step((token,), 0, 0, 0, 0, seconds, finish)
             policy.observe(step)
             yield step
-            if finish is not None:
-                return
+            if finish is not None or queued is None:
+                return  # the end, or the run's last step: no call under way
             pending = queued
     finally:
         # A queued call past the end (a stop token, or a consumer that stopped early) is

@@ -74,6 +74,10 @@ class DrafterTraits:
     max_depth: int | None = None
     # It learns from the target's greedy token at every tree node (`Verdict.target_tokens`).
     reads_target_tokens: bool = False
+    # Its proposal is a lookup in the context, free and with no state to rewind (prompt
+    # lookup): where it keeps finding nothing, the loop decodes a plain stretch and asks
+    # again after every token (`decode.WATCH_AFTER`).
+    looks_up: bool = False
 
     @property
     def pays_per_proposal(self) -> bool:
