@@ -79,3 +79,21 @@ def test_one_compiled_forward_per_model_and_features(tiny_dirs, monkeypatch):
     second.capture(FeatureSpec(()))
     second.sync([1, 2, 3])
     assert first._compiled() is not second._compiled()
+
+
+@pytest.mark.parametrize("compile_calls", [False, True])
+def test_the_bench_header_says_how_target_calls_ran(tiny_dirs, compile_calls, monkeypatch):
+    from specmlx.api.load import load
+    from specmlx.bench.environment import environment
+    from specmlx.bench.report import header_lines
+    from specmlx.bench.run import BenchConfig, make_rows
+    from specmlx.bench.suites import Prompt, Suite
+    from specmlx.bench.summary import build_report
+
+    monkeypatch.setattr(Sequence, "compile_calls", compile_calls)
+    env = environment(load(str(tiny_dirs["llama"]), progress=False), bandwidth_gb=0.01)
+    assert env["compiled_calls"] is compile_calls  # the tiny target is a llama
+    config = BenchConfig(suites=(Suite("one", (Prompt("p", "x"),)),), rows=make_rows([], [2]))
+    report = build_report(config, [], env, None)
+    said = "compiled" if compile_calls else "op by op (mlx-lm's)"
+    assert header_lines(report)[1].endswith(f"target calls {said}")

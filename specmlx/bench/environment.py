@@ -22,6 +22,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from specmlx.engine.cache import calls_compiled
+from specmlx.engine.compiled import compilable
 from specmlx.engine.device import backend, blas_in_use
 
 
@@ -105,6 +107,8 @@ def environment(models: Any, bandwidth_gb: float = 1.0) -> dict[str, Any]:
         "backend": backend(),
         "blas": blas_in_use() if backend() == "cpu" else "not used (matmuls run on the GPU)",
         "ld_preload": os.environ.get("LD_PRELOAD") or None,
+        # Whether the target's calls run as one compiled graph (`specmlx.engine.compiled`).
+        "compiled_calls": calls_compiled() and compilable(models.target),
         "target": target,
         "draft": draft,
         "bandwidth_gb_s": bandwidth["best"],

@@ -160,6 +160,9 @@ def header_lines(report: Report) -> list[str]:
         f"device {env['device']} ({env['backend']}) · {env['cpu']} × {env['cpu_count']} · "
         f"BLAS {env['blas']}",
     ]
+    if "compiled_calls" in env:  # files written before it was recorded lack it
+        calls = "compiled" if env["compiled_calls"] else "op by op (mlx-lm's)"
+        lines[-1] += f" · target calls {calls}"
     for role in ("target", "draft"):
         info = env.get(role)
         if info:
