@@ -133,20 +133,27 @@ def decode(
     prefilled = False
     produced = 0
     missed = 0  # lookups in a row that found nothing
+
+    def stretch(run: int | None, until: Callable[[list[int]], bool] | None = None):
+        """A run of plain steps, double-buffered; returns whether the generation ended."""
+        nonlocal produced
+        rest = max_tokens - produced
+        for step in _plain(target, context, policy, rest, sampling, stop_tokens, run, until):
+            context.extend(step.tokens)
+            produced += len(step.tokens)
+            yield step
+            if step.finish is not None:
+                return True
+        return False
+
     while produced < max_tokens:
         start = time.perf_counter()
         last = context[-1]
         plan = policy.choose()
         k = draft_length(plan.k, max_tokens - produced - 1, traits)
-        if plan.k == 0:  # the policy's plain steps, a run of them double-buffered
-            for step in _plain(
-                target, context, policy, max_tokens - produced, sampling, stop_tokens, run=plan.run
-            ):
-                context.extend(step.tokens)
-                produced += len(step.tokens)
-                yield step
-                if step.finish is not None:
-                    return
+        if plan.k == 0:  # the policy's plain steps
+            if (yield from stretch(plan.run)):
+                return
             continue
         if k > 0 and not prefilled:
             drafter.prefill(context, target)
@@ -166,21 +173,8 @@ def decode(
             def found(grown: list[int], k: int = k) -> bool:
                 return drafter.propose(grown, k, sampling).size > 0
 
-            for step in _plain(
-                target,
-                context,
-                policy,
-                max_tokens - produced,
-                sampling,
-                stop_tokens,
-                run=MAX_WATCHED_RUN,
-                until=found,
-            ):
-                context.extend(step.tokens)
-                produced += len(step.tokens)
-                yield step
-                if step.finish is not None:
-                    return
+            if (yield from stretch(MAX_WATCHED_RUN, found)):
+                return
             continue
         if draft is not None and draft.size == 0:
             # Nothing worth verifying (a tree whose nodes do not pay): a plain call, in a
