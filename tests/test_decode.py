@@ -333,8 +333,8 @@ def test_runs_of_plain_steps_between_drafts_keep_the_output(llama, temperature):
 
 
 def test_a_plain_run_queues_the_next_call_before_reading_a_token(llama):
-    """Inside a run the next call is queued when a step is yielded; the run's last step
-    queues nothing, so a draft can follow."""
+    """Inside a run the next call is built (the cache took in the token it reads) when a
+    step is yielded; the run's last step builds nothing, so a draft can follow."""
     target, tokenizer, _ = llama
     sequence = Sequence(target)
     context = tokenizer.encode(PROMPTS[1])
@@ -351,6 +351,36 @@ def test_a_plain_run_queues_the_next_call_before_reading_a_token(llama):
         if step.plain:
             queued.append(len(sequence.tokens) - (len(context) - 1))
     assert queued[:4] == [1, 1, 1, 0] and queued[4:8] == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_plain_steps_time_their_own_call_where_queuing_one_runs_it(llama, monkeypatch, ahead):
+    """Where queuing a call does its work before returning (the CPU backend's async_eval
+    did most of a call's), a run that queues ahead times two calls in its first step and
+    next to none in its last, and the policy learns the speed from those; reading first,
+    every step times its own call. Emulated: async_eval evaluates, then takes a call's time."""
+    import time
+
+    from specmlx.engine import decode as loop
+
+    call = 0.04
+
+    def runs_it(*arrays):
+        mx.eval(*arrays)
+        time.sleep(call)
+
+    monkeypatch.setattr(mx, "async_eval", runs_it)
+    monkeypatch.setattr(loop, "QUEUE_AHEAD", ahead)
+    target, tokenizer, _ = llama
+    context = tokenizer.encode(PROMPTS[1])
+    steps = list(
+        decode(Sequence(target), context, None, policy=FixedK(0), max_tokens=8, sampling=GREEDY)
+    )
+    seconds = [step.seconds for step in steps]
+    if ahead:
+        assert seconds[0] > 1.7 * call and seconds[-1] < 0.5 * call, seconds
+    else:
+        assert all(0.8 * call < s < 1.6 * call for s in seconds), seconds
 
 
 class ScriptedLookup:

@@ -10,9 +10,10 @@ step's one record, `Step`, which the policy observes. One host sync per step, pl
 a tree is read back to be built, and one per drafted token where a stop rule reads the draft
 model's confidences (docs/how-it-works.md says why that pays).
 Without a drafter the loop is plain decoding, the baseline, double-buffered as mlx-lm's: the
-next token's call is queued before the host reads the current one. A policy that falls back
-to plain steps commits to a run of them (`Plan.run`), double-buffered the same way, so a
-fall-back costs what the target alone does.
+next token's call is queued before the host reads the current one (on the CPU backend it is
+built then and queued once the token is read: `QUEUE_AHEAD`). A policy that falls back to
+plain steps commits to a run of them (`Plan.run`), decoded the same way, so a fall-back costs
+what the target alone does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
+from specmlx.engine import device
 from specmlx.engine.cache import Sequence
 from specmlx.engine.policy.base import Policy
 from specmlx.engine.sampling import SamplingConfig, draw, warp
@@ -40,6 +42,18 @@ WATCH_AFTER = 2
 # The longest plain stretch a lookup that found nothing starts (it ends sooner where the
 # lookup finds something): then the policy chooses again, as after a plain run of its own.
 MAX_WATCHED_RUN = 16
+# Whether a plain step's next call is queued before the host reads its token (double-
+# buffered, as mlx-lm's), or once it has: its graph is still built before the read, but it
+# runs after. None: queued ahead except on the CPU backend, where `mx.async_eval` did most of
+# a call's work before it returned (about 47 of a SmolLM2-135M call's 60 ms): queued ahead,
+# the next call ran before the read, so a run's first step timed two calls and its last
+# next to none (what the policy learns its speed from), and it overlapped nothing.
+QUEUE_AHEAD: bool | None = None
+
+
+def queues_ahead() -> bool:
+    """Whether plain steps queue the next call before reading their token (`QUEUE_AHEAD`)."""
+    return QUEUE_AHEAD if QUEUE_AHEAD is not None else device.backend() != "cpu"
 
 
 def _next_token(logits: mx.array, sampling: SamplingConfig) -> mx.array:
@@ -135,7 +149,7 @@ def decode(
     missed = 0  # lookups in a row that found nothing
 
     def stretch(run: int | None, until: Callable[[list[int]], bool] | None = None):
-        """A run of plain steps, double-buffered; returns whether the generation ended."""
+        """A run of plain steps, as plain decoding's; returns whether the generation ended."""
         nonlocal produced
         rest = max_tokens - produced
         for step in _plain(target, context, policy, rest, sampling, stop_tokens, run, until):
@@ -229,13 +243,16 @@ def _plain(
     until: Callable[[list[int]], bool] | None = None,
 ) -> Iterator[Step]:
     """Plain decoding, double-buffered: the call for token t+1 takes token t as a lazy array
-    and is queued before the host reads token t, so the device never waits for the host.
+    and is queued before the host reads token t, so the device never waits for the host
+    (`queues_ahead`; otherwise its graph is built before the read and it is queued after,
+    so each step times its own call).
     `run`: stop after that many steps (a policy's plain stretch), with no call queued past
     it: the cache then holds everything but the newest token, as after any step.
     `until(context)`: asked of the caller's context (which the caller extends with each
     step's tokens) before the next call is queued; once true, the run ends after the token
     whose call is already under way."""
     steps = max_tokens if run is None else min(run, max_tokens)
+    ahead = queues_ahead()
     start = time.perf_counter()
     pending = _next_token(target.forward(mx.array([context[-1]], mx.uint32))[0], sampling)
     mx.async_eval(pending)
@@ -247,10 +264,13 @@ def _plain(
                 steps = produced  # the call for this token is under way: read it, queue none
             if produced < steps:
                 queued = _next_token(target.forward(pending[None])[0], sampling)
-                mx.async_eval(queued)
+                if ahead:
+                    mx.async_eval(queued)
             token = pending.item()  # the step's one sync
             seconds = time.perf_counter() - start
             start = time.perf_counter()
+            if queued is not None and not ahead:
+                mx.async_eval(queued)  # the next step's time
             finish = "stop" if token in stop_tokens else None
             if finish is None and produced == max_tokens:
                 finish = "length"
