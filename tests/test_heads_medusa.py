@@ -390,9 +390,16 @@ def test_a_tree_sized_from_costs_keeps_the_best_nodes_that_pay(loaded):
 
 
 def test_a_cost_sized_medusa_measures_its_proposals(loaded):
+    """Timed when the drafter is built: what every proposal costs, and what each head it
+    runs adds (a proposal k deep runs the first k heads), which the policy prices by the
+    depth it asks for."""
     model, tokenizer = loaded("llama")
     heads = MedusaHeads.create(medusa_config(model, tokenizer), model)
     drafter = METHODS["medusa"].build(
         Models(model, tokenizer, heads={"medusa": heads}), MedusaOptions()
     )
-    assert drafter.verify_cost is not None and drafter.step_cost > 0
+    assert drafter.verify_cost is not None and drafter.traits.proposal(1) > 0
+    assert drafter.traits.proposal_cost == drafter.step_cost >= 0
+    assert drafter.traits.level_cost == drafter.level_cost >= 0
+    depth = heads.config.num_heads
+    assert drafter.traits.proposal(depth) >= drafter.traits.proposal(1)

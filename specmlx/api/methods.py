@@ -97,9 +97,12 @@ def _medusa(models: Models, options: MedusaOptions) -> Drafter:
         return MedusaDrafter(heads, options.tree_size, options.width, chains=chains)
     key = ("medusa", MAX_TREE, options.width, chains)
     if key not in models.proposal_costs:
+        # Priced as a proposal of every head whatever k. A proposal k deep runs only the
+        # first k; priced per head (P0 + k·l), two A/B runs on SmolLM2 disagreed (-2.5% and
+        # +4% over all suites: results/ab-medusa-levels-2026-12-07).
         throwaway = MedusaDrafter(heads, MAX_TREE, options.width, chains=chains)
         (cost,) = _proposal_costs(models, throwaway, [heads.config.num_heads])
-        models.proposal_costs[key] = (cost, 0.0)  # its heads run all at once
+        models.proposal_costs[key] = (cost, 0.0)
     step_cost, _ = models.proposal_costs[key]
     verify_cost, largest = _verify_cost(models)
     return MedusaDrafter(
@@ -115,16 +118,14 @@ def _eagle(models: Models, options: EagleOptions) -> Drafter:
     if options.tree_size is not None:
         return EagleDrafter(head, options.tree_size, options.depth, options.width, chains=chains)
     shape = (MAX_TREE, options.depth, options.width)
-    key = ("eagle", *shape, chains)
-    if key not in models.proposal_costs:
-        # Its head runs once a level: a one-level and a full-depth proposal give the cost of
-        # a level and of what every proposal pays besides (feeding the accepted tokens, the
-        # first level's LM head, reading the tree back).
-        throwaway = EagleDrafter(head, *shape, chains=chains)
-        one, full = _proposal_costs(models, throwaway, [1, options.depth])
-        level = max(full - one, 0.0) / max(options.depth - 1, 1)
-        models.proposal_costs[key] = (max(one - level, 0.0), level)
-    fixed, level = models.proposal_costs[key]
+    # Its head runs once a level; every proposal also feeds the accepted tokens, runs the
+    # first level's LM head and reads the tree back.
+    fixed, level = _level_costs(
+        models,
+        ("eagle", *shape, chains),
+        lambda: EagleDrafter(head, *shape, chains=chains),
+        options.depth,
+    )
     verify_cost, largest = _verify_cost(models)
     return EagleDrafter(
         head,
@@ -189,6 +190,19 @@ def _mtp(models: Models, options: MtpOptions) -> Drafter:
         models.proposal_costs[key] = (cost / MTP_DEPTH, 0.0)
     token_cost, _ = models.proposal_costs[key]
     return MtpDrafter(head, features, post_norm, token_cost=token_cost)
+
+
+def _level_costs(
+    models: Models, key: tuple, throwaway: Callable[[], Drafter], depth: int
+) -> tuple[float, float]:
+    """What every proposal of a tree drafter costs, and what each level it grows adds, in
+    one-token target calls: from a one-level and a `depth`-level proposal of a `throwaway`
+    drafter, timed once per loaded models under `key`."""
+    if key not in models.proposal_costs:
+        one, full = _proposal_costs(models, throwaway(), [1, depth])
+        level = max(full - one, 0.0) / max(depth - 1, 1)
+        models.proposal_costs[key] = (max(one - level, 0.0), level)
+    return models.proposal_costs[key]
 
 
 def _proposal_costs(

@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 class MedusaDrafter:
     """Token trees from Medusa heads: at most `tree_size` nodes (root included), built from
     each head's top `width` tokens. Given a `verify_cost` (target call cost by tokens, as
-    `CostProfile.verify_cost`) and the heads' own `step_cost` in the same unit, each
-    proposal keeps the `best_tree_size` of its nodes. `chains`: each head's top token only, a
+    `CostProfile.verify_cost`) and the heads' own cost in the same unit, `step_cost` plus
+    `level_cost` per head run (a proposal k deep runs the first k), each proposal keeps the
+    `best_tree_size` of its nodes. `chains`: each head's top token only, a
     chain a target with recurrent layers verifies (they score no trees)."""
 
     # Medusa (Cai et al. 2024) reports its first head's top-1 guess right ~60% of the time
@@ -54,6 +55,7 @@ class MedusaDrafter:
         verify_cost: Callable[[int], float] | None = None,
         step_cost: float = 0.0,
         chains: bool = False,
+        level_cost: float = 0.0,
     ):
         if tree_size < 2 or width < 1:
             raise UsageError(
@@ -63,7 +65,7 @@ class MedusaDrafter:
         self.tree_size = tree_size
         # Given the target's verify costs, each proposal keeps only the nodes that pay for
         # their verification (`best_tree_size`, the paths' scores as acceptance estimates).
-        self.verify_cost, self.step_cost = verify_cost, step_cost
+        self.verify_cost, self.step_cost, self.level_cost = verify_cost, step_cost, level_cost
         # The scores that size trees, corrected by how far the target went along them.
         self.calibration = DepthCalibration(heads.config.num_heads)
         self.chains = chains
@@ -73,6 +75,7 @@ class MedusaDrafter:
             tree_size=None if chains else tree_size,
             prior_acceptance=self.PRIOR_ACCEPTANCE,
             proposal_cost=step_cost,
+            level_cost=level_cost,
             features=FeatureSpec(heads.config.feature_layers),
             max_depth=heads.config.num_heads,  # head i drafts the token i + 1 ahead
         )
@@ -102,7 +105,7 @@ class MedusaDrafter:
         if self.verify_cost is not None:
             self.calibration.remember(context, parents, tokens, scores)
             parents, tokens, scores = self.calibration.best_first(parents, tokens, scores)
-            n = best_tree_size(scores, self.verify_cost, self.step_cost)
+            n = best_tree_size(scores, self.verify_cost, self.step_cost + self.level_cost * k)
         # Nodes come best first, parents before children: any prefix of them is a tree.
         tree = None if self.chains else Tree(tuple(parents[:n]))  # width 1: a chain
         return Draft(mx.array(tokens[:n], mx.uint32), tree=tree)
