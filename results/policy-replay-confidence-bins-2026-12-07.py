@@ -20,9 +20,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from specmlx.api.load import load
 from specmlx.drafters.calibration import DepthCalibration, node_depths
-from specmlx.engine.features import FeatureSpec
 
 EDGES = (0.1, 0.2, 0.4, 0.7)
 
@@ -36,7 +34,7 @@ def _module(name, file):
 
 
 variants = _module("variants", "policy-replay-variants-2026-12-07.py")
-replay = variants.replay
+foresight = _module("foresight", "policy-replay-foresight-2026-12-07.py")
 
 
 def bin_of(score):
@@ -102,20 +100,8 @@ VARIANTS = {"by depth": variants.nothing, "bins": confidence_bins}
 
 
 def main():
-    models = load(variants.TARGET, None, heads=[variants.HEADS], default_draft=False)
-    spec = FeatureSpec(models.heads["medusa"].config.feature_layers)
-    data = replay.precompute(models, variants.TARGET, variants.PER_SUITE, spec)
-    print("# per suite: tokens per plain step's time (speculative steps/all steps)")
-    for price in variants.EMPTY_PRICES:
-        costs = dict(replay.STEP_COSTS[variants.TARGET]) | {1: price}
-        for order in variants.ORDERS:
-            print(f"\n# e={price}, suites in the {order} order")
-            for name, patch in VARIANTS.items():
-                models.experience.clear()
-                models.learned_costs.clear()
-                with patch():
-                    results = replay.simulate(models, variants.ordered(data, order), costs, 0.06)
-                print(variants.line(name, results), flush=True)
+    models, data = foresight.replayed()
+    foresight.compare(models, data, VARIANTS)
 
 
 if __name__ == "__main__":

@@ -110,21 +110,32 @@ def foresight():
 VARIANTS = {"without": variants.nothing, "with": foresight}
 
 
-def main():
+def replayed():
+    """The models and the replay's data (the target's answers and hidden states)."""
     models = load(variants.TARGET, None, heads=[variants.HEADS], default_draft=False)
     spec = FeatureSpec(models.heads["medusa"].config.feature_layers)
-    data = replay.precompute(models, variants.TARGET, variants.PER_SUITE, spec)
+    return models, replay.precompute(models, variants.TARGET, variants.PER_SUITE, spec)
+
+
+def compare(models, data, named):
+    """Each variant (a name and a context manager that patches it in) at both prices of an
+    empty proposal and in the three orders of the suites, one line a variant."""
     print("# per suite: tokens per plain step's time (speculative steps/all steps)")
     for price in variants.EMPTY_PRICES:
         costs = dict(replay.STEP_COSTS[variants.TARGET]) | {1: price}
         for order in variants.ORDERS:
             print(f"\n# e={price}, suites in the {order} order")
-            for name, patch in VARIANTS.items():
+            for name, patch in named.items():
                 models.experience.clear()
                 models.learned_costs.clear()
                 with patch():
                     results = replay.simulate(models, variants.ordered(data, order), costs, 0.06)
                 print(variants.line(name, results), flush=True)
+
+
+def main():
+    models, data = replayed()
+    compare(models, data, VARIANTS)
     print("\n# bench order, e=1.09: predicted against got, per speculative step")
     costs = dict(replay.STEP_COSTS[variants.TARGET]) | {1: 1.09}
     for name, patch in VARIANTS.items():
