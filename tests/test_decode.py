@@ -332,7 +332,7 @@ def test_runs_of_plain_steps_between_drafts_keep_the_output(llama, temperature):
         assert out == outs[0][: outs[0].index(stop) + 1] and steps[-1].finish == "stop"
 
 
-def test_a_plain_run_queues_the_next_call_before_reading_a_token(llama):
+def test_a_plain_run_builds_the_next_call_before_reading_a_token(llama):
     """Inside a run the next call is built (the cache took in the token it reads) when a
     step is yielded; the run's last step builds nothing, so a draft can follow."""
     target, tokenizer, _ = llama

@@ -98,7 +98,7 @@ def _medusa(models: Models, options: MedusaOptions) -> Drafter:
     key = ("medusa", MAX_TREE, options.width, chains)
     if key not in models.proposal_costs:
         # Priced as a proposal of every head whatever k. A proposal k deep runs only the
-        # first k; priced per head (P0 + k·l), two A/B runs on SmolLM2 disagreed (-2.5% and
+        # first k; priced per head (P0 + k·l), two A/B runs on SmolLM2 disagreed (-2.4% and
         # +4% over all suites: results/ab-medusa-levels-2026-12-07).
         throwaway = MedusaDrafter(heads, MAX_TREE, options.width, chains=chains)
         (cost,) = _proposal_costs(models, throwaway, [heads.config.num_heads])

@@ -45,9 +45,9 @@ MAX_WATCHED_RUN = 16
 # Whether a plain step's next call is queued before the host reads its token (double-
 # buffered, as mlx-lm's), or once it has: its graph is still built before the read, but it
 # runs after. None: queued ahead except on the CPU backend, where `mx.async_eval` did most of
-# a call's work before it returned (about 47 of a SmolLM2-135M call's 60 ms): queued ahead,
-# the next call ran before the read, so a run's first step timed two calls and its last
-# next to none (what the policy learns its speed from), and it overlapped nothing.
+# a call's work before it returned: queued ahead, the next call ran before the read, so a
+# run's first step timed two calls and its last next to none (what the policy learns its
+# speed from; results/ab-read-first-2026-12-07.txt), and it overlapped nothing.
 QUEUE_AHEAD: bool | None = None
 
 
