@@ -45,10 +45,11 @@ demo: models openblas
 DATE := $(shell date +%F)
 BENCH_OUT = --json results/$(1)-$(DATE).json --csv results/$(1)-$(DATE).csv --markdown results/$(1)-$(DATE).md
 
-# The Qwen2.5-Coder 1.5B + 0.5B pair, all suites, greedy and T=1, fixed and adaptive k, mlx-lm.
+# The Qwen2.5-Coder 1.5B + 0.5B pair, all suites, greedy, fixed and adaptive k, mlx-lm (2
+# prompts a suite x 2 draws; sampling: `make bench-t1`).
 bench: models openblas
 	mkdir -p results
-	$(PRELOAD) $(SPECMLX) bench --suite all --limit 1 --temp 0 --temp 1.0 \
+	$(PRELOAD) $(SPECMLX) bench --suite all --limit 2 --repeats 2 --temp 0 \
 		-k 1 -k 4 -k 8 -k auto --mlx-lm-k 4 --max-tokens 48 $(call BENCH_OUT,bench)
 
 # Sampling (T=1) on the Qwen pair: the target alone, draft k=4 and -k auto on every suite,
