@@ -183,7 +183,8 @@ SMOL_DATA = --target smollm2-135m --data models/cache/heads/smollm2-135m --magpi
 
 heads-smollm2: models openblas
 	$(TRAIN_HEADS) $(SMOL_DATA) --kind eagle3 --out models/heads/smollm2-135m-eagle3 \
-		--steps 400 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192 --unroll 3 --save-dtype bfloat16
+		--steps 400 --seq-len 512 --batch-tokens 2048 --draft-vocab 8192 --unroll 3 --save-dtype bfloat16 \
+		--lr 1e-3
 	$(TRAIN_HEADS) $(SMOL_DATA) --kind medusa --out models/heads/smollm2-135m-medusa \
 		--steps 900 --seq-len 256 --batch-tokens 1024 --draft-vocab 4096
 
