@@ -65,9 +65,7 @@ class Confident(list):
 
 def regime(context, window):
     """Mean top probability of the last `window` tokens the target produced."""
-    produced = list(Confident.top[Confident.start - 1 : len(context) - 1])
-    values = (Confident.previous + produced)[-window:]
-    return float(np.mean(values)) if values else 1.0
+    return regime_after(len(context) - Confident.start, window)
 
 
 def regime_after(produced, window):
