@@ -188,19 +188,26 @@ def test_task_prompts_are_answered_and_told_apart_from_their_answers(tiny_dirs, 
 
 
 def test_magpie_prompts_another_model_writes_are_recorded_by_its_name(tiny_dirs, tmp_path):
-    """`--magpie N --magpie N@MODEL`: the target's own draws and another model's, each
-    kept in its own file of the data folder, and the heads record both."""
+    """`--magpie N --magpie N@MODEL --questions N`: the target's own draws, another
+    model's and question draws, each kept in its own file of the data folder, and the
+    heads record all three."""
     out, data = tmp_path / "h", tmp_path / "data"
     writer = str(tiny_dirs["llama-draft"])
     args = ["train-heads", "--target", str(tiny_dirs["llama"]), "--out", str(out)]
     args += ["--data", str(data), "--limit", "2", "--magpie", "2", "--magpie", f"3@{writer}"]
+    args += ["--questions", "2"]
     args += ["--answer-tokens", "8", "--steps", "2", "--seq-len", "16", "--batch-tokens", "32"]
     result = invoke(*args, "--holdout", "0")
     assert result.exit_code == 0, result.output
     assert (data / "magpie-2-seed0.jsonl").is_file()
     assert (data / "magpie-3-seed0-llama-draft.jsonl").is_file()
+    assert (data / "magpie-questions-2-seed0.jsonl").is_file()
     origin = json.loads((out / "config.json").read_text())["training"]["data"]["origin"]
-    assert origin["magpie"] == [2, {"count": 3, "writer": "llama-draft"}]  # not the full path
+    assert origin["magpie"] == [
+        2,
+        {"count": 3, "writer": "llama-draft"},  # not the full path
+        {"count": 2, "questions": True},
+    ]
     assert str(tmp_path) not in (out / "config.json").read_text()
 
 
@@ -221,6 +228,7 @@ def test_magpie_prompts_another_model_writes_are_recorded_by_its_name(tiny_dirs,
         (["--magpie", "many"], "--magpie takes N or N@MODEL, got 'many'"),
         (["--magpie", "8@"], "--magpie takes N or N@MODEL, got '8@'"),
         (["--magpie", "-1"], "--magpie takes N or N@MODEL, got '-1'"),
+        (["--questions", "some"], "--questions takes N or N@MODEL, got 'some'"),
     ],
 )
 def test_train_heads_bad_input_is_one_line(tiny_dirs, tmp_path, extra, needle):

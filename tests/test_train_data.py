@@ -579,6 +579,45 @@ def test_another_model_writes_magpie_prompts_kept_under_its_name(models, tmp_pat
     assert len(loaded) == 1  # read back, the writer not loaded again
 
 
+def test_question_draws_begin_each_user_turn_with_an_opening(models, tmp_path, monkeypatch):
+    """`--questions`: each draw's user turn starts with one of the openings, encoded with the
+    template's user prefix; the kept prompt is the opening and what the writer went on to
+    say (a draw that said nothing after it is dropped); the same seed draws the same
+    openings; the set is kept under its own name and recorded as question draws."""
+    import sys
+
+    import mlx_lm.generate  # noqa: F401 (the module, which mlx_lm's `generate` shadows)
+
+    from specmlx.training import magpie
+
+    tok = models.tokenizer
+    plain = magpie.user_prefix(tok)
+    seen = []
+
+    def batch_generate(model, tokenizer, prompts, max_tokens, return_token_ids, sampler):
+        seen.append(prompts)
+        said = [" the sky blue?", " ", " sleep", "x " * 200]
+        ids = [tok.encode(t, add_special_tokens=False)[:max_tokens] for t in said]
+        return type("Answers", (), {"token_ids": ids[: len(prompts)]})
+
+    monkeypatch.setattr(sys.modules["mlx_lm.generate"], "batch_generate", batch_generate)
+    kept = magpie.cached_magpie_prompts(models, tmp_path, 4, seed=3, questions=True, max_tokens=64)
+    openings = [
+        next(o for o in magpie.OPENINGS if magpie.user_prefix(tok, o) == row) for row in seen[0]
+    ]
+    assert all(row[: len(plain)] == plain and len(row) > len(plain) for row in seen[0])
+    assert kept == [openings[0] + " the sky blue?", openings[2] + " sleep"]
+    assert magpie.magpie_prompts(models, 4, seed=3, openings=magpie.OPENINGS) == kept
+    assert seen[1] == seen[0]  # the same seed, the same openings
+    assert magpie.magpie_prompts(models, 4, seed=4, openings=magpie.OPENINGS) and seen[2] != seen[0]
+    draws = magpie.MagpieDraws.parse("4", questions=True)
+    assert draws.file_name(3) == "magpie-questions-4-seed3.jsonl"
+    assert (tmp_path / draws.file_name(3)).is_file()
+    assert draws.record() == {"count": 4, "questions": True}
+    with pytest.raises(UsageError, match="--questions takes N or N@MODEL, got 'x'"):
+        magpie.MagpieDraws.parse("x", questions=True)
+
+
 @pytest.mark.real
 def test_the_real_instruct_target_writes_distinct_prompts():
     from tests.test_real_loop import need

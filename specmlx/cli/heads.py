@@ -80,6 +80,17 @@ def train_heads(
             "(a coder target writes few chat turns). Repeatable; kept in the data folder.",
         ),
     ] = None,
+    questions: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--questions",
+            metavar="N[@MODEL]",
+            help="Also answer N questions the target (or MODEL) writes as --magpie does, each "
+            "user turn begun with a common opening (What is the difference between, Why "
+            "does, Explain, How should I, ...): a small model's free draws are rarely the "
+            "questions people ask. Repeatable; kept in the data folder.",
+        ),
+    ] = None,
     tasks: Annotated[
         int,
         typer.Option(
@@ -180,6 +191,7 @@ def train_heads(
     from specmlx.training.magpie import MagpieDraws, cached_magpie_prompts
 
     draws = [MagpieDraws.parse(text) for text in magpie or []]
+    draws += [MagpieDraws.parse(text, questions=True) for text in questions or []]
     if tasks < 0:
         raise UsageError(f"need --task-prompts >= 0, got {tasks}")
     if prompts is not None and not prompts.is_file():
@@ -266,6 +278,7 @@ def train_heads(
                 drawn.count,
                 seed=seed,
                 writer=drawn.writer,
+                questions=drawn.questions,
                 batch_size=max(batch_size, 32),
             )
         if tasks:

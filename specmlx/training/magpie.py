@@ -8,11 +8,21 @@ file of the data folder, so a resumed run reads the same prompts rather than dra
 
 Another instruct model may write them (`MagpieDraws.writer`): a small coder target writes
 few usable chat turns, a small chat model many, and the target answers them either way.
+
+Question draws (`MagpieDraws.questions`, `--questions`) begin each user turn with one of
+`OPENINGS` ("What is the difference between", "Why does", "Explain", ...) and let the writer
+go on from there. A small model's free draws come out alike ("I'm planning to launch a
+business...", plans and lists), and the answers to them are easier to foresee than the
+answers to the questions people ask a chat model: SmolLM2-135M's Medusa heads guessed the
+target's answers to held-out free draws 28% of the time and to the bench's chat questions
+15%. An opening steers a draw toward such a question and leaves its subject to the writer.
 """
 
 from __future__ import annotations
 
+import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +36,49 @@ from specmlx.training.data import kept_prompts
 
 _MARK = "\x00specmlx-user-turn\x00"
 
+# How the user turns of question draws begin: the common forms of a question or request put
+# to a chat model (explain, compare, why, how, advise, recommend, describe).
+OPENINGS = (
+    "What is",
+    "What are",
+    "What is the difference between",
+    "What causes",
+    "What happens when",
+    "What would happen if",
+    "What should I know about",
+    "Why do",
+    "Why does",
+    "Why is",
+    "How does",
+    "How do",
+    "How do I",
+    "How can I",
+    "How should I",
+    "Explain",
+    "Can you explain",
+    "Explain in simple terms",
+    "Describe",
+    "Tell me about",
+    "Help me understand",
+    "When should I",
+    "Should I",
+    "Is it true that",
+    "Which is better,",
+    "Compare",
+    "What are the pros and cons of",
+    "Give me tips for",
+    "Give me advice on",
+    "What's a good way to",
+    "I want to",
+    "I'm trying to",
+    "Recommend",
+    "Suggest",
+    "Who was",
+    "Where does",
+    "Summarize",
+    "In a few sentences,",
+)
+
 
 @dataclass(frozen=True)
 class MagpieDraws:
@@ -33,19 +86,22 @@ class MagpieDraws:
 
     count: int
     writer: str | None = None
+    questions: bool = False  # each user turn begins with one of OPENINGS
 
     @classmethod
-    def parse(cls, text: str) -> MagpieDraws:
+    def parse(cls, text: str, questions: bool = False) -> MagpieDraws:
         """`N` (the target writes) or `N@MODEL` (MODEL, another instruct model, writes)."""
         count, _, writer = text.partition("@")
         if not count.strip().isdigit() or (_ and not writer.strip()):
-            raise UsageError(f"--magpie takes N or N@MODEL, got {text!r}")
-        return cls(int(count), writer.strip() or None)
+            option = "--questions" if questions else "--magpie"
+            raise UsageError(f"{option} takes N or N@MODEL, got {text!r}")
+        return cls(int(count), writer.strip() or None, questions)
 
     def file_name(self, seed: int) -> str:
         """The data folder's file of these draws' prompts: the writer's name in it, made
         safe for a file name (a model's folder or file by its last part)."""
-        name = f"magpie-{self.count}-seed{seed}"
+        kind = "questions-" if self.questions else ""
+        name = f"magpie-{kind}{self.count}-seed{seed}"
         if self.writer is not None:
             last = Path(self.writer.rstrip("/")).name or self.writer
             name += "-" + re.sub(r"[^A-Za-z0-9._-]+", "_", last)
@@ -54,22 +110,28 @@ class MagpieDraws:
     def record(self) -> int | dict[str, Any]:
         """As the heads' config records where their data came from: the writer as given (a
         registry name), or by its folder's name, never this machine's full path."""
-        if self.writer is None:
+        if self.writer is None and not self.questions:
             return self.count
-        path = Path(self.writer)
-        return {"count": self.count, "writer": path.name if path.is_absolute() else self.writer}
+        record: dict[str, Any] = {"count": self.count}
+        if self.writer is not None:
+            path = Path(self.writer)
+            record["writer"] = path.name if path.is_absolute() else self.writer
+        if self.questions:
+            record["questions"] = True
+        return record
 
 
-def user_prefix(tokenizer: Any) -> list[int]:
+def user_prefix(tokenizer: Any, opening: str = "") -> list[int]:
     """Token ids of the chat template up to where a user's message starts (the system turn
-    the template adds by default included). # (n,)"""
+    the template adds by default included), and the message's `opening` words after it,
+    encoded together. # (n,)"""
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError("Magpie prompts need a chat template; this target has none")
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": _MARK}], add_generation_prompt=False, tokenize=False
     )
     prefix = text[: text.index(_MARK)]
-    return tokenizer.encode(prefix, add_special_tokens=False)
+    return tokenizer.encode(prefix + opening, add_special_tokens=False)
 
 
 def magpie_prompts(
@@ -80,16 +142,19 @@ def magpie_prompts(
     batch_size: int = 32,
     temperature: float = 1.0,
     progress: bool = True,
+    openings: Sequence[str] = (),
 ) -> list[str]:
     """Up to `count` distinct user messages the target writes from its template's user
     prefix, sampled at `temperature` (top-p 1.0, as Magpie does); those cut off at
-    `max_tokens` or empty are dropped. The same for the same seed."""
+    `max_tokens` or empty are dropped. With `openings`, each message begins with one of them
+    drawn at random, and the target writes on from it. The same for the same seed."""
     from mlx_lm.generate import batch_generate
     from mlx_lm.sample_utils import make_sampler
 
     if count < 1 or batch_size < 1:
         raise UsageError(f"need at least one Magpie prompt and batch, got {count}, {batch_size}")
     prefix = user_prefix(models.tokenizer)
+    draws = random.Random(seed)
     sampler = make_sampler(temperature, 1.0)
     prompts: dict[str, None] = {}
     n_batches = -(-count // batch_size)
@@ -97,17 +162,19 @@ def magpie_prompts(
         for b in range(n_batches):
             mx.random.seed(seed * 100_003 + b)
             rows = min(batch_size, count - b * batch_size)
+            begun = [draws.choice(openings) for _ in range(rows)] if openings else [""] * rows
             answers = batch_generate(
                 models.target,
                 models.tokenizer,
-                [prefix] * rows,
+                [user_prefix(models.tokenizer, o) if o else prefix for o in begun],
                 max_tokens=max_tokens,
                 return_token_ids=True,
                 sampler=sampler,
             ).token_ids
-            for ids in answers:
-                text = models.tokenizer.decode(ids).strip()
-                if len(ids) < max_tokens and text:  # ended its turn, and said something
+            for opening, ids in zip(begun, answers, strict=True):
+                said = models.tokenizer.decode(ids)
+                text = (opening + said).strip()
+                if len(ids) < max_tokens and said.strip():  # ended its turn, said something
                     prompts.setdefault(text)
             bar.advance(f"{len(prompts)} prompts")
     return list(prompts)
@@ -119,18 +186,21 @@ def cached_magpie_prompts(
     count: int,
     seed: int = 0,
     writer: str | None = None,
+    questions: bool = False,
     **options: Any,
 ) -> list[str]:
     """`magpie_prompts` of `models`' target, or of `writer` (loaded only when its prompts
-    are not kept yet), kept in `folder` (written whole or not at all) and read back from
-    there on the next run."""
-    draws = MagpieDraws(count, writer)
+    are not kept yet), begun with `OPENINGS` if `questions`, kept in `folder` (written whole
+    or not at all) and read back from there on the next run."""
+    draws = MagpieDraws(count, writer, questions)
+    openings = OPENINGS if questions else ()
 
     def draw() -> list[str]:
-        if writer is None:
-            return magpie_prompts(models, count, seed=seed, **options)
-        from specmlx.api.load import load
+        model = models
+        if writer is not None:
+            from specmlx.api.load import load
 
-        return magpie_prompts(load(writer, default_draft=False), count, seed=seed, **options)
+            model = load(writer, default_draft=False)
+        return magpie_prompts(model, count, seed=seed, openings=openings, **options)
 
     return kept_prompts(folder / draws.file_name(seed), draw)
