@@ -618,6 +618,32 @@ def test_question_draws_begin_each_user_turn_with_an_opening(models, tmp_path, m
         magpie.MagpieDraws.parse("x", questions=True)
 
 
+def test_a_question_keeps_the_space_a_tokenizer_drops_at_a_texts_start():
+    """A SentencePiece-style tokenizer decodes a text's first token without its leading
+    space: the writer's words are decoded behind the opening, not on their own."""
+    from specmlx.training.magpie import _continuation
+
+    class Pieces:  # one token a word, its space in front; decode drops the first one's
+        words: list[str] = []
+
+        def encode(self, text, add_special_tokens=False):
+            ids = []
+            for word in text.replace(" ", "\0 ").split("\0"):
+                if word:
+                    self.words.append(word)
+                    ids.append(len(self.words) - 1)
+            return ids
+
+        def decode(self, ids):
+            return "".join(self.words[i] for i in ids).lstrip(" ")
+
+    tok = Pieces()
+    said = tok.encode(" the sky blue?")
+    assert tok.decode(said) == "the sky blue?"  # on its own, the space is gone
+    assert "What is" + _continuation(tok, "What is", said) == "What is the sky blue?"
+    assert _continuation(tok, "", said) == "the sky blue?"  # free draws: as before
+
+
 @pytest.mark.real
 def test_the_real_instruct_target_writes_distinct_prompts():
     from tests.test_real_loop import need

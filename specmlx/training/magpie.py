@@ -15,7 +15,7 @@ go on from there. A small model's free draws come out alike ("I'm planning to la
 business...", plans and lists), and the answers to them are easier to foresee than the
 answers to the questions people ask a chat model: SmolLM2-135M's Medusa heads guessed the
 target's answers to held-out free draws 28% of the time and to the bench's chat questions
-15%. An opening steers a draw toward such a question and leaves its subject to the writer.
+16%. An opening steers a draw toward such a question and leaves its subject to the writer.
 """
 
 from __future__ import annotations
@@ -172,12 +172,21 @@ def magpie_prompts(
                 sampler=sampler,
             ).token_ids
             for opening, ids in zip(begun, answers, strict=True):
-                said = models.tokenizer.decode(ids)
+                said = _continuation(models.tokenizer, opening, ids)
                 text = (opening + said).strip()
                 if len(ids) < max_tokens and said.strip():  # ended its turn, said something
                     prompts.setdefault(text)
             bar.advance(f"{len(prompts)} prompts")
     return list(prompts)
+
+
+def _continuation(tokenizer: Any, opening: str, ids: list[int]) -> str:
+    """The text of `ids`, written after `opening`: decoded behind it, as a tokenizer that
+    drops a leading space from a text's first token would otherwise glue it on."""
+    if not opening:
+        return tokenizer.decode(ids)
+    begun = tokenizer.encode(opening, add_special_tokens=False)
+    return tokenizer.decode(begun + list(ids))[len(tokenizer.decode(begun)) :]
 
 
 def cached_magpie_prompts(
