@@ -177,7 +177,7 @@ UNTIL_HELDOUT_STOPS = --patience 3 --checkpoint-every 100
 heads: heads-smollm2 heads-qwen
 
 # SmolLM2 (30 layers; EAGLE-3 reads layers 1, 14 and 26): 512 Magpie draws and 512 question draws
-# (Magpie draws begun with a question's opening: they lifted chat) beside the 159
+# (Magpie draws begun with a question's opening: answers of the kind chat asks for) beside the 159
 # shipped prompts, greedy answers, and 200k tokens of the standard library.
 SMOL_DATA = --target smollm2-135m --data models/cache/heads/smollm2-135m --magpie 512 --questions 512 \
 	$(STDLIB_CODE) --file-tokens 200000 --answer-tokens 256 --batch-size 32 $(UNTIL_HELDOUT_STOPS)

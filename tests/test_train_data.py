@@ -624,7 +624,8 @@ def test_a_question_keeps_the_space_a_tokenizer_drops_at_a_texts_start():
     from specmlx.training.magpie import _continuation
 
     class Pieces:  # one token a word, its space in front; decode drops the first one's
-        words: list[str] = []
+        def __init__(self):
+            self.words: list[str] = []
 
         def encode(self, text, add_special_tokens=False):
             ids = []

@@ -125,13 +125,16 @@ def user_prefix(tokenizer: Any, opening: str = "") -> list[int]:
     """Token ids of the chat template up to where a user's message starts (the system turn
     the template adds by default included), and the message's `opening` words after it,
     encoded together. # (n,)"""
+    return tokenizer.encode(_user_prefix_text(tokenizer) + opening, add_special_tokens=False)
+
+
+def _user_prefix_text(tokenizer: Any) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError("Magpie prompts need a chat template; this target has none")
     text = tokenizer.apply_chat_template(
         [{"role": "user", "content": _MARK}], add_generation_prompt=False, tokenize=False
     )
-    prefix = text[: text.index(_MARK)]
-    return tokenizer.encode(prefix + opening, add_special_tokens=False)
+    return text[: text.index(_MARK)]
 
 
 def magpie_prompts(
@@ -153,7 +156,11 @@ def magpie_prompts(
 
     if count < 1 or batch_size < 1:
         raise UsageError(f"need at least one Magpie prompt and batch, got {count}, {batch_size}")
-    prefix = user_prefix(models.tokenizer)
+    tokenizer = models.tokenizer
+    prefix_text = _user_prefix_text(tokenizer)  # the template applied once, not per draw
+    rows_of = {
+        o: tokenizer.encode(prefix_text + o, add_special_tokens=False) for o in ("", *openings)
+    }
     draws = random.Random(seed)
     sampler = make_sampler(temperature, 1.0)
     prompts: dict[str, None] = {}
@@ -166,13 +173,13 @@ def magpie_prompts(
             answers = batch_generate(
                 models.target,
                 models.tokenizer,
-                [user_prefix(models.tokenizer, o) if o else prefix for o in begun],
+                [rows_of[o] for o in begun],
                 max_tokens=max_tokens,
                 return_token_ids=True,
                 sampler=sampler,
             ).token_ids
             for opening, ids in zip(begun, answers, strict=True):
-                said = _continuation(models.tokenizer, opening, ids)
+                said = _continuation(tokenizer, opening, ids)
                 text = (opening + said).strip()
                 if len(ids) < max_tokens and said.strip():  # ended its turn, said something
                     prompts.setdefault(text)
