@@ -51,6 +51,7 @@ from specmlx.training.losses import (
     Span,
     cross_entropy,
     feature_rows,
+    host_math,
     masked_mean,
     segment_mask,
     soft_cross_entropy,
@@ -324,8 +325,9 @@ def step_function(
 ) -> Callable[..., tuple[mx.array, mx.array, mx.array]]:
     """One optimizer step on a batch; returns loss_fn's (loss, terms, accuracy), lazily.
 
-    Compiled, it takes the heads' and the optimizer's state as implicit inputs and outputs:
-    the very dicts each step updates in place."""
+    Compiled (where `compile` is asked for and the losses' math stays in MLX: see
+    `losses.host_math`), it takes the heads' and the optimizer's state as implicit inputs and
+    outputs: the very dicts each step updates in place."""
     loss_and_grad = nn.value_and_grad(heads, loss_fn)
 
     def step(*batch: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -335,7 +337,7 @@ def step_function(
         optimizer.update(heads, grads)
         return loss, terms, accuracy
 
-    if not compile:
+    if not compile or host_math():
         return step
     state = [heads.state, optimizer.state]
     return partial(mx.compile, inputs=state, outputs=state)(step)
