@@ -38,4 +38,3 @@ def test_host_cross_entropy_matches_mlx(dtype, monkeypatch):
     left_out = np.array(labels) < 0
     assert np.all(host_grad[left_out] == 0)
     np.testing.assert_allclose(host_grad[~left_out].sum(-1), 0, atol=1e-3)
-
