@@ -38,3 +38,21 @@ def test_host_cross_entropy_matches_mlx(dtype, monkeypatch):
     left_out = np.array(labels) < 0
     assert np.all(host_grad[left_out] == 0)
     np.testing.assert_allclose(host_grad[~left_out].sum(-1), 0, atol=1e-3)
+
+
+def test_host_softmax_matches_mlx(monkeypatch):
+    mx.random.seed(1)
+    scores = 3 * mx.random.normal((2, 4, 7, 11))
+    scores = mx.where(mx.random.uniform(shape=scores.shape) < 0.3, -mx.inf, scores)  # masked
+    scores[..., 0] = 0.5  # every row sees one
+    weights = mx.random.normal(scores.shape)
+
+    def value_and_grad(host: bool) -> tuple:
+        monkeypatch.setattr(losses, "host_math", lambda: host)
+        value, grad = mx.value_and_grad(lambda s: (losses.softmax(s) * weights).sum())(scores)
+        return np.array(value), np.array(grad), np.array(losses.softmax(scores))
+
+    host, reference = value_and_grad(True), value_and_grad(False)
+    for got, want in zip(host, reference, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert np.abs(host[1]).max() > 0 and np.all(host[2][np.isinf(np.array(scores))] == 0)

@@ -22,6 +22,7 @@ from specmlx.heads.base import HeadsConfig, target_vocab
 from specmlx.heads.eagle3 import Eagle3Head
 from specmlx.training.data import cache_features, generate_corpus
 from specmlx.training.eagle3_objective import draft_layer, eagle3_batch, eagle3_loss, unrolled
+from specmlx.training.losses import segment_mask
 from specmlx.training.objectives import OBJECTIVES, Windows, t2d_table
 from specmlx.training.shards import open_shards
 from specmlx.training.train import TrainConfig, check_buildable, target_args, train_heads
@@ -137,6 +138,44 @@ def test_each_test_step_computes_what_drafting_computes(models, data_dir):
     loss1, terms1, _ = eagle3_loss(head, *batch[:5])
     assert mx.allclose(terms1[0], terms3[0]) and terms3.shape == accuracy3.shape == (3,)
     assert loss3.item() > loss1.item()
+
+
+class _ConcatenatedKeys:
+    """The reference's training-time test (SpecForge): each step's keys and values after
+    the last's in one cache, rotated `offset` positions on."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.keys = self.values = None
+
+    def update_and_fetch(self, keys, values):
+        if self.keys is not None:
+            keys = mx.concatenate([self.keys, keys], axis=2)
+            values = mx.concatenate([self.values, values], axis=2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+
+def test_test_steps_attend_as_the_references_concatenated_keys_and_masks(models):
+    """Scoring only the diagonals of the later steps' blocks gives what the reference's
+    (s x L)-wide masked attention gives, on packed windows of several pieces."""
+    head = fresh_head(models)
+    mx.random.seed(4)
+    width = len(LAYERS) * models.target.args.hidden_size
+    features = mx.random.normal((2, 12, width))
+    segments = np.array([[0] * 3 + [1] * 4 + [2] * 5, [0] * 7 + [1] * 5])
+    mask = segment_mask(segments)
+    tokens = [mx.random.randint(0, target_vocab(models.target), (2, 12)) for _ in range(3)]
+    cache = _ConcatenatedKeys()
+    own = mx.broadcast_to(mx.eye(12, dtype=mx.bool_), mask.shape)
+    inputs, expected = features, []
+    for i, step_tokens in enumerate(tokens):
+        cache.offset = i
+        seen = mx.concatenate([mask] + [own] * i, axis=-1)
+        inputs = head(inputs, step_tokens, cache=[cache], mask=seen)
+        expected.append(inputs)
+    for got, want in zip(unrolled(head, features, mask, tokens), expected, strict=True):
+        assert mx.allclose(got, want, atol=1e-5)
 
 
 def test_training_lowers_the_loss_and_the_heads_draft_the_targets_tokens(

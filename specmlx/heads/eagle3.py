@@ -15,6 +15,7 @@ two apart by their width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,6 +42,12 @@ _LLAMA_KEYS = (
     "rope_scaling",
     "max_position_embeddings",
 )
+
+
+# Attention other than the midlayer's own, given its attention module (projections, rope,
+# o_proj) and the layer's input # (B, n, 2d) -> (B, n, d): training's test steps
+# (`specmlx.training.eagle3_objective.TestSteps`). None: the module's own, over `cache`.
+Attend = Callable[[llama.Attention, mx.array], mx.array] | None
 
 
 def draft_args(draft_config: dict) -> llama.ModelArgs:
@@ -109,9 +116,12 @@ class Midlayer(nn.Module):
         self.hidden_norm = nn.RMSNorm(d, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(d, eps=args.rms_norm_eps)
 
-    def __call__(self, embedded: mx.array, hidden: mx.array, mask: Any, cache: Any) -> mx.array:
+    def __call__(
+        self, embedded: mx.array, hidden: mx.array, mask: Any, cache: Any, attend: Attend = None
+    ) -> mx.array:
         x = mx.concatenate([self.input_layernorm(embedded), self.hidden_norm(hidden)], axis=-1)
-        h = hidden + self.self_attn(x, mask, cache)  # (B, n, d): the residual is hidden alone
+        attended = self.self_attn(x, mask, cache) if attend is None else attend(self.self_attn, x)
+        h = hidden + attended  # (B, n, d): the residual is hidden alone
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -175,6 +185,7 @@ class Eagle3Head(nn.Module):
         cache: list[Any] | None = None,
         positions: mx.array | None = None,
         mask: mx.array | None = None,
+        attend: Attend = None,
     ) -> mx.array:
         """Next hidden states for draft positions (f_j, token j+1). # (..., n, d)
 
@@ -184,7 +195,8 @@ class Eagle3Head(nn.Module):
         Without `positions` the n inputs follow the cache causally, or attend where `mask`
         (B, 1, n, n) says (training on packed sequences). With them, input i sits at
         position positions[i] and attends where mask[i] is True, over the cached entries
-        then the n new ones: `mask` # (n, offset + n) bool.
+        then the n new ones: `mask` # (n, offset + n) bool. `attend`: attention of the
+        caller's own instead of the cache's (training's test steps, batched, no positions).
         """
         hidden = self._project(features)
         embedded = self._borrowed.embed(tokens).astype(hidden.dtype)
@@ -193,7 +205,7 @@ class Eagle3Head(nn.Module):
         c = cache[0] if cache is not None else None
         if positions is None:
             causal = create_attention_mask(hidden, c) if mask is None else mask
-            out = self.midlayer(embedded, hidden, causal, c)
+            out = self.midlayer(embedded, hidden, causal, c, attend)
         else:
             offset = c.offset if c is not None else 0
             with rotated_at(self.midlayer.self_attn, positions - offset):

@@ -44,6 +44,7 @@ from specmlx.training.losses import (
     feature_rows,
     masked_mean,
     segment_mask,
+    softmax,
 )
 from specmlx.training.shards import FeatureData
 
@@ -89,22 +90,44 @@ def eagle3_batch(
     return tuple(batch)
 
 
-class StepKeys:
-    """The draft layer's keys and values of every test step so far, in one loss call: an
-    mlx-lm cache whose `offset` is the step's rotation (s-1 positions on) and whose entries
-    are each step's whole window, one after another. # keys (B, kv_heads, s * L, head_dim)"""
+class TestSteps:
+    """The midlayer's attention over the training-time test, one step per call
+    (`Eagle3Head.__call__`'s `attend`): step s's queries attend to the first step's keys
+    where `mask` says (the window's own causal attention) and to each step's keys so far at
+    their own position only, rotated s-1 positions on (the reference's concatenated keys
+    and masks). Only those diagonals are scored, not the L x L blocks they sit in: step s
+    costs what step 1 does, not s times it. The scores' softmax is `losses.softmax`.
 
-    def __init__(self) -> None:
-        self.offset = 0
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
+    mask # (B, 1, L, L) bool"""
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is not None and self.values is not None:
-            keys = mx.concatenate([self.keys, keys], axis=2)
-            values = mx.concatenate([self.values, values], axis=2)
-        self.keys, self.values = keys, values
-        return keys, values
+    def __init__(self, mask: mx.array):
+        self.mask = mask[:, :, None]  # (B, 1, 1, L, L): every query head of a group alike
+        self.keys: list[mx.array] = []  # per step so far # (B, kv_heads, 1, L, head_dim)
+        self.values: list[mx.array] = []
+
+    def __call__(self, attn: nn.Module, x: mx.array) -> mx.array:
+        """attn: the midlayer's llama-style attention; x # (B, L, 2d) -> (B, L, d)"""
+        batch, length, _ = x.shape
+        heads, kv_heads = attn.n_heads, attn.n_kv_heads
+        step = len(self.keys)  # rotated this many positions on, as its draft sits
+
+        def split(proj: nn.Module, n: int) -> mx.array:
+            return proj(x).reshape(batch, length, n, -1).transpose(0, 2, 1, 3)
+
+        queries = attn.rope(split(attn.q_proj, heads), offset=step) * attn.scale
+        queries = queries.reshape(batch, kv_heads, heads // kv_heads, length, -1)
+        keys = attn.rope(split(attn.k_proj, kv_heads), offset=step)
+        self.keys.append(keys[:, :, None])
+        self.values.append(split(attn.v_proj, kv_heads)[:, :, None])
+        window = queries @ self.keys[0].swapaxes(-1, -2)  # (B, kv, group, L, L)
+        window = mx.where(self.mask, window, mx.array(-mx.inf, window.dtype))
+        own = [(queries * keys_s).sum(-1, keepdims=True) for keys_s in self.keys[1:]]
+        probs = softmax(mx.concatenate([window, *own], axis=-1))  # (B, kv, group, L, L + s-1)
+        out = probs[..., :length] @ self.values[0]
+        for i, values_s in enumerate(self.values[1:]):
+            out = out + probs[..., length + i, None] * values_s
+        out = out.reshape(batch, heads, length, -1).transpose(0, 2, 1, 3)
+        return attn.o_proj(out.reshape(batch, length, -1))
 
 
 def unrolled(
@@ -114,14 +137,10 @@ def unrolled(
 
     features # (B, L, F) the fused layers; mask # (B, 1, L, L) the window's attention;
     tokens[s-1] # (B, L) step s's input tokens -> [(B, L, d)] * len(tokens)"""
-    cache = StepKeys()
-    length = mask.shape[-1]
-    own = mx.broadcast_to(mx.eye(length, dtype=mx.bool_), mask.shape)  # each row its own
+    steps = TestSteps(mask)
     inputs, hidden_states = features, []
-    for i, step_tokens in enumerate(tokens):
-        cache.offset = i  # step i+1 sits i positions after its row, as its draft does
-        seen = mx.concatenate([mask] + [own] * i, axis=-1)  # (B, 1, L, (i+1) L)
-        hidden = head(inputs, step_tokens, cache=[cache], mask=seen)  # (B, L, d)
+    for step_tokens in tokens:
+        hidden = head(inputs, step_tokens, attend=steps)  # (B, L, d)
         hidden_states.append(hidden)
         inputs = hidden  # the next step reads the head's own output, as drafting does
     return hidden_states

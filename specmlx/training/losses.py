@@ -114,6 +114,33 @@ def _host_cross_entropy_vjp(
     return mx.array(grad).astype(logits.dtype), mx.zeros_like(labels)
 
 
+def softmax(scores: mx.array) -> mx.array:
+    """Softmax over the last axis (float32), taken in NumPy where `host_math`. # (...)"""
+    if host_math():
+        return _host_softmax(scores)
+    return mx.softmax(scores.astype(mx.float32), axis=-1)
+
+
+@mx.custom_function
+def _host_softmax(scores: mx.array) -> mx.array:
+    values = np.asarray(scores.astype(mx.float32))
+    probs = np.exp(values - values.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return mx.array(probs)
+
+
+@_host_softmax.vjp
+def _host_softmax_vjp(
+    primals: tuple[mx.array], cotangent: mx.array, output: mx.array
+) -> tuple[mx.array]:
+    """d / d scores = probs x (cotangent - sum(cotangent x probs))."""
+    probs = np.asarray(output)
+    weight = np.asarray(cotangent, dtype=np.float32)
+    grad = weight - (weight * probs).sum(axis=-1, keepdims=True)
+    grad *= probs
+    return (mx.array(grad).astype(primals[0].dtype),)
+
+
 def _host_scores(logits: mx.array, labels: mx.array) -> tuple[np.ndarray, np.ndarray]:
     """The logits as float32 NumPy, and the one at each label (at 0 for -1). # (..., V), (...)"""
     scores = np.asarray(logits.astype(mx.float32))
