@@ -1,5 +1,6 @@
-"""The cross-entropy the heads train on: taken in NumPy on MLX's CPU backend (its exp is slow
-there), it gives what MLX's own gives, value and gradient."""
+"""The cross-entropy the heads train on, and the softmax of EAGLE-3's test steps: taken in
+NumPy on MLX's CPU backend (its exp is slow there), they give what MLX's own give, value and
+gradient."""
 
 from __future__ import annotations
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 import specmlx
@@ -156,9 +158,24 @@ class _ConcatenatedKeys:
         return keys, values
 
 
+def _reference_steps(head, features, mask, tokens):
+    """The reference's test steps: every step's keys after the last's, under the window's
+    mask for the first step's and each row's own position for the later steps'."""
+    cache = _ConcatenatedKeys()
+    own = mx.broadcast_to(mx.eye(mask.shape[-1], dtype=mx.bool_), mask.shape)
+    inputs, states = features, []
+    for i, step_tokens in enumerate(tokens):
+        cache.offset = i
+        seen = mx.concatenate([mask] + [own] * i, axis=-1)
+        inputs = head(inputs, step_tokens, cache=[cache], mask=seen)
+        states.append(inputs)
+    return states
+
+
 def test_test_steps_attend_as_the_references_concatenated_keys_and_masks(models):
     """Scoring only the diagonals of the later steps' blocks gives what the reference's
-    (s x L)-wide masked attention gives, on packed windows of several pieces."""
+    (s x L)-wide masked attention gives, on packed windows of several pieces: the hidden
+    states and the gradients the heads train on."""
     head = fresh_head(models)
     mx.random.seed(4)
     width = len(LAYERS) * models.target.args.hidden_size
@@ -166,16 +183,20 @@ def test_test_steps_attend_as_the_references_concatenated_keys_and_masks(models)
     segments = np.array([[0] * 3 + [1] * 4 + [2] * 5, [0] * 7 + [1] * 5])
     mask = segment_mask(segments)
     tokens = [mx.random.randint(0, target_vocab(models.target), (2, 12)) for _ in range(3)]
-    cache = _ConcatenatedKeys()
-    own = mx.broadcast_to(mx.eye(12, dtype=mx.bool_), mask.shape)
-    inputs, expected = features, []
-    for i, step_tokens in enumerate(tokens):
-        cache.offset = i
-        seen = mx.concatenate([mask] + [own] * i, axis=-1)
-        inputs = head(inputs, step_tokens, cache=[cache], mask=seen)
-        expected.append(inputs)
+    expected = _reference_steps(head, features, mask, tokens)
     for got, want in zip(unrolled(head, features, mask, tokens), expected, strict=True):
         assert mx.allclose(got, want, atol=1e-5)
+
+    def loss(steps):
+        def of(model):
+            states = steps(head, features, mask, tokens)
+            return sum((h * mx.arange(h.shape[-1])).sum() for h in states)
+
+        return nn.value_and_grad(head, of)(head)[1]
+
+    got, want = loss(unrolled), loss(_reference_steps)
+    for (name, g), (_, w) in zip(tree_flatten(got), tree_flatten(want), strict=True):
+        assert mx.allclose(g, w, rtol=1e-4, atol=1e-4 * mx.abs(w).max().item()), name
 
 
 def test_training_lowers_the_loss_and_the_heads_draft_the_targets_tokens(

@@ -46,7 +46,7 @@ _LLAMA_KEYS = (
 
 # Attention other than the midlayer's own, given its attention module (projections, rope,
 # o_proj) and the layer's input # (B, n, 2d) -> (B, n, d): training's test steps
-# (`specmlx.training.eagle3_objective.TestSteps`). None: the module's own, over `cache`.
+# (`specmlx.training.eagle3_objective.StepAttention`). None: the module's own, over `cache`.
 Attend = Callable[[llama.Attention, mx.array], mx.array] | None
 
 
@@ -196,7 +196,8 @@ class Eagle3Head(nn.Module):
         (B, 1, n, n) says (training on packed sequences). With them, input i sits at
         position positions[i] and attends where mask[i] is True, over the cached entries
         then the n new ones: `mask` # (n, offset + n) bool. `attend`: attention of the
-        caller's own instead of the cache's (training's test steps, batched, no positions).
+        caller's own (training's test steps, batched), which reads neither `cache` nor
+        `mask`; not with `positions`.
         """
         hidden = self._project(features)
         embedded = self._borrowed.embed(tokens).astype(hidden.dtype)
@@ -207,6 +208,7 @@ class Eagle3Head(nn.Module):
             causal = create_attention_mask(hidden, c) if mask is None else mask
             out = self.midlayer(embedded, hidden, causal, c, attend)
         else:
+            assert attend is None, "attend takes no positions"
             offset = c.offset if c is not None else 0
             with rotated_at(self.midlayer.self_attn, positions - offset):
                 out = self.midlayer(embedded, hidden, mask, c)

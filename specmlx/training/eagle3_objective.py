@@ -90,7 +90,7 @@ def eagle3_batch(
     return tuple(batch)
 
 
-class TestSteps:
+class StepAttention:
     """The midlayer's attention over the training-time test, one step per call
     (`Eagle3Head.__call__`'s `attend`): step s's queries attend to the first step's keys
     where `mask` says (the window's own causal attention) and to each step's keys so far at
@@ -137,7 +137,7 @@ def unrolled(
 
     features # (B, L, F) the fused layers; mask # (B, 1, L, L) the window's attention;
     tokens[s-1] # (B, L) step s's input tokens -> [(B, L, d)] * len(tokens)"""
-    steps = TestSteps(mask)
+    steps = StepAttention(mask)
     inputs, hidden_states = features, []
     for step_tokens in tokens:
         hidden = head(inputs, step_tokens, attend=steps)  # (B, L, d)

@@ -72,11 +72,13 @@ def segment_mask(segments: np.ndarray) -> mx.array:
 
 
 def host_math() -> bool:
-    """Whether the losses take their exponentials in NumPy: on MLX's CPU backend, whose
-    elementwise exp runs about fifteen times slower than NumPy's on this x86 CPU (50M:
-    680 ms against 43), so that a step's cross-entropy cost more than its matmuls. A step
-    that does is not compiled (`objectives.step_function`): NumPy cannot be traced, and
-    compiling bought nothing on this CPU (5.03 s a step against 4.90 uncompiled)."""
+    """Whether training takes its exponentials in NumPy (`cross_entropy`, and `softmax`
+    in EAGLE-3's test steps): on MLX's CPU backend, whose elementwise exp runs about fifteen
+    times slower than NumPy's on an x86 CPU (50M: 680 ms against 43), so that a step's
+    cross-entropy and attention softmax cost more than its matmuls. Each such op syncs with
+    the host; a step that has them is not compiled (`objectives.step_function`): NumPy
+    cannot be traced, and compiling bought nothing there (an EAGLE-3 step of SmolLM2's
+    recipe, MLX's math: 5.03 s compiled, 4.90 s not)."""
     return mx.default_device() == mx.cpu
 
 

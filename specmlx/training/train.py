@@ -102,6 +102,8 @@ class TrainConfig:
     init_from_target: bool = False
     # The published weights' dtype on disk ("bfloat16": half the file); None: as trained.
     save_dtype: str | None = None
+    # Compile the step where its math stays in MLX (not on MLX's CPU backend, whose
+    # exponentials the losses take in NumPy: `losses.host_math`).
     compile: bool = True
 
     def __post_init__(self) -> None:
@@ -236,7 +238,7 @@ def train_heads(
             loss, terms, accuracy = step_fn(*noisy)
             row = mx.concatenate([loss[None], optimizer.learning_rate[None], terms, accuracy])
             mx.eval(heads.state, optimizer.state, row)
-            values = row.tolist()  # the step's one host sync
+            values = row.tolist()  # the step's one host sync (besides host_math's)
             run.seconds += time.perf_counter() - start
             bar.advance(run.record(values, len(terms)))
             stopping = interrupt.requested or run.step == stop_after
