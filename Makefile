@@ -178,9 +178,10 @@ heads: heads-smollm2 heads-qwen
 
 # SmolLM2 (30 layers; EAGLE-3 reads layers 1, 14 and 26): 512 Magpie draws and 512 question draws
 # (Magpie draws begun with a question's opening: answers of the kind chat asks for) beside the 159
-# shipped prompts, greedy answers, and 200k tokens of the standard library.
+# shipped prompts, greedy answers, and 200k tokens of the standard library. The 135M target
+# answers 128 prompts at once (1.3x the tokens/s of 32 here: its weights are read once a call).
 SMOL_DATA = --target smollm2-135m --data models/cache/heads/smollm2-135m --magpie 512 --questions 512 \
-	$(STDLIB_CODE) --file-tokens 200000 --answer-tokens 256 --batch-size 32 $(UNTIL_HELDOUT_STOPS)
+	$(STDLIB_CODE) --file-tokens 200000 --answer-tokens 256 --batch-size 128 $(UNTIL_HELDOUT_STOPS)
 
 heads-smollm2: models openblas
 	$(TRAIN_HEADS) $(SMOL_DATA) --kind eagle3 --out models/heads/smollm2-135m-eagle3 \
