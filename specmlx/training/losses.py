@@ -93,7 +93,7 @@ def cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
 @mx.custom_function
 def _host_cross_entropy(logits: mx.array, labels: mx.array) -> mx.array:
     """`cross_entropy` computed in NumPy (float32), its gradient too (below). # (...)"""
-    scores, picked = _host_scores(logits, labels)
+    scores, _, picked = _host_scores(logits, labels)
     peak = scores.max(axis=-1, keepdims=True)
     total = np.exp(scores - peak).sum(axis=-1)
     return mx.array(peak[..., 0] + np.log(total) - picked)
@@ -106,12 +106,11 @@ def _host_cross_entropy_vjp(
     """d loss / d logits = cotangent x (softmax(logits) - one_hot(label)), the softmax taken
     as exp(logits - logsumexp), the logsumexp being the output plus the picked logit."""
     logits, labels = primals
-    scores, picked = _host_scores(logits, labels)
+    scores, at, picked = _host_scores(logits, labels)
     weight = np.asarray(cotangent, dtype=np.float32)[..., None]
     lse = np.asarray(output, dtype=np.float32) + picked
     grad = np.exp(scores - lse[..., None])
     grad *= weight
-    at = np.maximum(np.asarray(labels), 0)[..., None]
     np.put_along_axis(grad, at, np.take_along_axis(grad, at, axis=-1) - weight, axis=-1)
     return mx.array(grad).astype(logits.dtype), mx.zeros_like(labels)
 
@@ -143,11 +142,12 @@ def _host_softmax_vjp(
     return (mx.array(grad).astype(primals[0].dtype),)
 
 
-def _host_scores(logits: mx.array, labels: mx.array) -> tuple[np.ndarray, np.ndarray]:
-    """The logits as float32 NumPy, and the one at each label (at 0 for -1). # (..., V), (...)"""
+def _host_scores(logits: mx.array, labels: mx.array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The logits as float32 NumPy, each label's index into them (0 for -1) and the logit
+    there. # (..., V), (..., 1), (...)"""
     scores = np.asarray(logits.astype(mx.float32))
     at = np.maximum(np.asarray(labels), 0)[..., None]
-    return scores, np.take_along_axis(scores, at, axis=-1)[..., 0]
+    return scores, at, np.take_along_axis(scores, at, axis=-1)[..., 0]
 
 
 def soft_cross_entropy(logits: mx.array, target_logits: mx.array) -> mx.array:
